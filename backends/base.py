@@ -1,0 +1,53 @@
+"""The Backend protocol: what every backend (reference, native, bitnet, lib:, ...) offers.
+
+A backend has a name, a set of capability names and one method per capability. A capability it
+lacks, or a variant of one it cannot do (a quantizer rule, say), raises Unsupported; the harness
+reports that as "unsupported", never as a pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+# Capability name -> what it means (the columns of `mlconf backends`).
+CAPABILITIES = {
+    "load": "validate an .mlb file: load(path) -> LoadResult",
+    "quantize_q8_0": "Q8_0 quantizer: quantize_q8_0(x, f16) -> (q int8, d f32|f16)",
+    "quantize_q4_0": "Q4_0 quantizer: quantize_q4_0(x, rule, f16, importance) -> (q u8, d f32|f16)",
+}
+STATUSES = ("ML_OK", "ML_E_IO", "ML_E_FORMAT", "ML_E_SHAPE")
+
+
+class Unsupported(Exception):
+    """The backend lacks this capability or this variant of it."""
+
+
+class BackendError(Exception):
+    """A backend name that cannot be resolved, or a backend that failed to start."""
+
+
+@dataclass
+class LoadResult:
+    status: str                 # one of STATUSES
+    reason: str = ""
+    rule: str = ""              # reference only: the failing rule id of specs/mlb_errors.yaml
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ML_OK"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    capabilities: frozenset[str]
+
+    def load(self, path: str) -> LoadResult: ...
+
+    def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
+                      importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]: ...

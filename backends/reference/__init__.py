@@ -1,0 +1,30 @@
+"""The reference backend: NumPy, the readable truth (loader, quantizers; later forward,
+tokenizer and I2_S math)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import LoadResult, Unsupported
+from . import loader, quant
+
+
+class ReferenceBackend:
+    name = "reference"
+    capabilities = frozenset({"load", "quantize_q8_0", "quantize_q4_0"})
+
+    def load(self, path: str) -> LoadResult:
+        return loader.load(path)
+
+    def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
+        return quant.q8_0(x, f16=f16)
+
+    def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
+                      importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        if rule == "round":
+            if importance is not None:
+                raise Unsupported("the round rule takes no importance weights")
+            return quant.q4_0_round(x, f16=f16)
+        if rule == "search":
+            return quant.q4_0_search(x, f16=f16, importance=importance)
+        raise Unsupported(f"Q4_0 rule {rule!r}")

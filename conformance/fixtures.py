@@ -1,0 +1,220 @@
+"""The fixture generator: valid base models (specs/mlb_fixtures.yaml) and every malformed or
+edge case of specs/mlb_errors.yaml as a mutation of one, written with tools/mlb.py.
+
+Deterministic: the same mlconf version writes the same bytes (weights from seeded generators).
+``generate(outdir)`` writes everything plus manifest.json for runtimes that cannot run Python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mlconf import specs
+from mlconf.backends.reference import layout
+from mlconf.tools import mlb
+
+
+@dataclass
+class Fixture:
+    """One file of the generated set and the outcome a loader must give."""
+
+    file: str                   # relative to the output folder
+    kind: str                   # valid | malformed | accepted
+    expected: str               # ML_OK | ML_E_IO | ML_E_FORMAT | ML_E_SHAPE
+    covers: list[str] = field(default_factory=list)
+    rule: str = ""              # malformed: the rule id of specs/mlb_errors.yaml it breaks
+    base: str = ""
+    mutate: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- valid bases
+def base_specs() -> dict[str, dict]:
+    spec = specs.load("mlb_fixtures")
+    out = {}
+    for f in spec["fixtures"]:
+        header = {**spec["defaults"]["header"], **f.get("header", {})}
+        out[f["name"]] = {**f, "header": header, "q4_rule": f.get("q4_rule", spec["defaults"]["q4_rule"])}
+    return out
+
+
+def _seed(name: str, spec: dict) -> int:
+    return spec.get("seed", zlib.crc32(name.encode()))
+
+
+def _weights(h: dict, flags: list[int] | None, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    out = {}
+    for name, (fmt, shape) in mlb.expected_arrays(h, flags).items():
+        leaf = name.rsplit(".", 1)[-1]
+        if fmt != "F32":
+            x = rng.normal(0, 0.05, shape)
+        elif leaf.endswith("norm"):
+            x = 1 + rng.normal(0, 0.1, shape)
+        elif leaf == "lconv":
+            x = rng.normal(0, 0.3, shape)
+        elif leaf == "dt_bias":
+            x = rng.normal(0, 0.5, shape)
+        elif leaf == "A_log":
+            x = rng.uniform(-1, 1, shape)
+        else:
+            x = rng.normal(0, 0.02, shape)
+        out[name] = x.astype(np.float32)
+    return out
+
+
+def _imatrix(h: dict, rng: np.random.Generator) -> mlb.Imatrix:
+    d = layout.derive(h)
+    q_dim = 0 if d["q_dim"] == h["dim"] else d["q_dim"]
+    im = mlb.Imatrix(h["n_layers"], h["dim"], h["hidden_dim"], q_dim, 64, 64, np.empty(0))
+    im.sums = rng.gamma(0.5, 4.0, im.expected_len()) * 64
+    return im
+
+
+def write_base(name: str, path: Path) -> None:
+    spec = base_specs()[name]
+    rng = np.random.default_rng(_seed(name, spec))
+    h = mlb.full_header(spec["header"])
+    flags = spec.get("flags")
+    arrays = _weights(h, flags, rng)
+    im = None
+    if spec.get("imatrix"):
+        im = _imatrix(h, rng)
+        mlb.write_imatrix(path.with_suffix(".mli"), im)
+    mlb.write(path, h, arrays, flags=flags, q4_rule=spec["q4_rule"], imatrix=im)
+
+
+# ---------------------------------------------------------------- mutations
+def _table(data: bytes) -> list[layout.Array]:
+    h = layout.parse_header(data)
+    flags = data[256: 256 + h["n_layers"]] if h["layer_flags"] else None
+    return list(layout.plan(h, flags))
+
+
+def _array(table: list[layout.Array], name: str) -> layout.Array:
+    for a in table:
+        if a.name == name:
+            return a
+    raise KeyError(f"fixture has no array {name!r}")
+
+
+def _pack_field(name: str, value) -> tuple[int, bytes]:
+    f = next(f for f in specs.load("mlb_header")["fields"] if f["name"] == name)
+    if f["type"] == "f32":
+        return f["offset"], struct.pack("<f", float(value))
+    return f["offset"], struct.pack("<I", int(value))
+
+
+def mutate(data: bytes, ops: list[dict]) -> bytes:
+    """Apply the mutations of a case (specs/mlb_errors.yaml header comment) to a file's bytes."""
+    b = bytearray(data)
+    table = _table(data)  # the base's layout: pokes address the arrays the base file has
+    for op in ops:
+        (kind, arg), = op.items()
+        if kind == "set":
+            for k, v in arg.items():
+                off, raw = _pack_field(k, v)
+                b[off: off + 4] = raw
+        elif kind == "raw":
+            raw = bytes.fromhex(arg["hex"])
+            b[arg["offset"]: arg["offset"] + len(raw)] = raw
+        elif kind == "flags":
+            for layer, v in arg.items():
+                b[256 + int(layer)] = v
+        elif kind == "poke":
+            a = _array(table, arg["array"])
+            n = math.prod(a.shape)
+            i = arg["index"] % n
+            size = np.dtype(a.dtype).itemsize
+            b[a.offset + i * size: a.offset + (i + 1) * size] = np.array([arg["value"]]).astype(a.dtype).tobytes()
+        elif kind == "pad":
+            a = _array(table, arg["after"])
+            end = a.offset + a.nbytes
+            raw = bytes.fromhex(arg["hex"])
+            if layout.align(end) - end < len(raw):
+                raise ValueError(f"array {a.name} has no padding to overwrite")
+            b[end: end + len(raw)] = raw
+        elif kind == "truncate_to":
+            del b[arg:]
+        elif kind == "truncate_by":
+            del b[len(b) - arg:]
+        elif kind == "append":
+            b += bytes([0xA5]) * arg
+        elif kind == "strip_tail_padding":
+            last = table[-1]
+            del b[last.offset + last.nbytes:]
+        elif kind == "path":
+            continue  # handled by the writer of the case
+        else:
+            raise ValueError(f"unknown mutation {kind!r}")
+    return bytes(b)
+
+
+def _path_kind(ops: list[dict]) -> str | None:
+    return next((op["path"] for op in ops if "path" in op), None)
+
+
+# ---------------------------------------------------------------- the whole set
+def catalog() -> list[Fixture]:
+    """Every fixture with its expected outcome, without writing anything."""
+    out = [Fixture(f"valid/{n}.mlb", "valid", "ML_OK", list(s.get("covers", [])), base=n)
+           for n, s in base_specs().items()]
+    errors = specs.load("mlb_errors")
+    for r in errors["rules"]:
+        for c in r["cases"]:
+            out.append(Fixture(f"malformed/{r['id']}/{c['name']}.mlb", "malformed", r["status"],
+                               [r.get("seed") or f"decision {r.get('decision')}"], r["id"],
+                               c["base"], c["mutate"]))
+    for c in errors["accepted"]:
+        out.append(Fixture(f"accepted/{c['name']}.mlb", "accepted", "ML_OK", [c["why"]], "",
+                           c["base"], c["mutate"]))
+    return out
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.part")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fixture]:
+    """Write the fixtures (all, or the files named in ``only``) and manifest.json."""
+    out = Path(outdir)
+    fixtures = [f for f in catalog() if only is None or f.file in only]
+    bases: dict[str, bytes] = {}
+    valid_dir = out / "valid"
+    valid_dir.mkdir(parents=True, exist_ok=True)
+
+    def base_bytes(name: str) -> bytes:
+        if name not in bases:
+            p = valid_dir / f"{name}.mlb"
+            write_base(name, p)
+            bases[name] = p.read_bytes()
+        return bases[name]
+
+    for f in fixtures:
+        target = out / f.file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if f.kind == "valid":
+            base_bytes(f.base)
+            continue
+        pk = _path_kind(f.mutate)
+        if pk == "missing":
+            if target.exists():
+                target.unlink()
+            continue
+        if pk == "directory":
+            target.mkdir(exist_ok=True)
+            continue
+        _atomic_bytes(target, mutate(base_bytes(f.base), f.mutate))
+    manifest = {"format": "mlconf fixtures v1", "spec": "MLB v1",
+                "statuses": specs.load("mlb_errors")["statuses"],
+                "fixtures": [asdict(f) for f in fixtures]}
+    _atomic_bytes(out / "manifest.json", json.dumps(manifest, indent=1).encode())
+    return fixtures
