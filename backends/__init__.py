@@ -7,7 +7,7 @@ lists the ones ``mlconf run`` uses when no backend is named.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .base import CAPABILITIES, STATUSES, Backend, BackendError, LoadResult, Unsupported
 

@@ -388,7 +388,7 @@ def _stage(c: Context, rule_id: str) -> None:
 def load(path: str | os.PathLike) -> LoadResult:
     """Validate a .mlb file; the first failing rule of specs/mlb_errors.yaml decides the status."""
     path = os.fspath(path)
-    name = os.path.basename(path) or path
+    name = path
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size

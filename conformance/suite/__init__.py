@@ -1,0 +1,1 @@
+"""The conformance suite: pytest modules parametrized from the specs by mlconf.plugin."""

@@ -1,0 +1,220 @@
+"""The `mlconf` command line.
+
+Exit codes: 0 success; 1 a usage or input error (the message names the file and the rule), or a
+`run` with a failing case; 2 `mlconf load` on a file the backend rejects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from mlconf import __version__
+from tabulate import tabulate
+
+
+class UsageError(Exception):
+    """An input problem reported as `mlconf: error: ...`, exit 1, never as a traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse exits 2; 2 means "rejected" for `mlconf load`
+        self.print_usage(sys.stderr)
+        raise UsageError(message)
+
+
+def _backend(name: str):
+    from mlconf.backends import BackendError, get
+    try:
+        return get(name)
+    except BackendError as e:
+        raise UsageError(str(e)) from None
+
+
+# ---------------------------------------------------------------- commands
+def cmd_backends(args) -> int:
+    from mlconf.backends import CAPABILITIES, builtin_names
+    caps = list(CAPABILITIES)
+    rows = []
+    for n in builtin_names():
+        b = _backend(n)
+        rows.append([n] + ["yes" if c in b.capabilities else "-" for c in caps])
+    print(tabulate(rows, headers=["backend"] + caps))
+    print("\nAlso: lib:PATH (a shared library with the C ABI) from the native issue on.")
+    return 0
+
+
+def cmd_load(args) -> int:
+    res = _backend(args.backend).load(args.file)
+    if args.json:
+        print(json.dumps({"status": res.status, "reason": res.reason}))
+    else:
+        print(f"{res.status}: {res.reason}")
+    return 0 if res.ok else 2
+
+
+def _read_npy(path: str) -> np.ndarray:
+    try:
+        x = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: not a readable .npy array ({e})") from None
+    if not isinstance(x, np.ndarray) or not np.issubdtype(x.dtype, np.floating):
+        raise UsageError(f"{path}: dtype {getattr(x, 'dtype', type(x))} is not floating point")
+    if x.ndim not in (1, 2) or x.shape[-1] % 32:
+        raise UsageError(f"{path}: shape {x.shape}: need 1 or 2 dimensions, the last a multiple of 32")
+    return x.astype(np.float32)  # float16 exactly, float64 rounded to nearest (README)
+
+
+def _atomic_npz(path: str, **arrays) -> None:
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def cmd_quantize(args) -> int:
+    from mlconf.backends import Unsupported
+    x = _read_npy(args.input)
+    out_dir = Path(args.output).resolve().parent
+    if not out_dir.is_dir():
+        raise UsageError(f"{args.output}: folder {out_dir} does not exist")
+    b = _backend(args.backend)
+    try:
+        if args.type == "q8_0":
+            if args.rule:
+                raise UsageError("--rule applies to --type q4_0 only")
+            q, d = b.quantize_q8_0(x, f16=args.f16_scales)
+        else:
+            q, d = b.quantize_q4_0(x, rule=args.rule or "search", f16=args.f16_scales)
+    except Unsupported as e:
+        raise UsageError(f"backend {b.name}: unsupported: {e}") from None
+    except ValueError as e:  # QuantError: non-finite input, f16 scale above 65504
+        raise UsageError(f"{args.input}: {e}") from None
+    _atomic_npz(args.output, q=q, d=d)
+    print(f"{args.output}: {args.type} q {q.dtype}{list(q.shape)} d {d.dtype}{list(d.shape)}")
+    return 0
+
+
+def cmd_fixtures(args) -> int:
+    from mlconf import fixtures
+    out = Path(args.outdir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a folder")
+    fs = fixtures.generate(out)
+    kinds = Counter(f.kind for f in fs)
+    print(f"{out}: {len(fs)} fixtures ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}), "
+          f"manifest.json")
+    return 0
+
+
+def summary_table(results) -> str:
+    from mlconf.runner import OUTCOMES
+    rows = []
+    keys = sorted({(r.backend, r.area) for r in results})
+    for backend, area in keys:
+        c = Counter(r.outcome for r in results if r.backend == backend and r.area == area)
+        rows.append([backend, area] + [c.get(o, 0) for o in OUTCOMES] + [sum(c.values())])
+    return tabulate(rows, headers=["backend", "area", *OUTCOMES, "total"])
+
+
+def cmd_run(args) -> int:
+    from mlconf import cases, runner
+    from mlconf.backends import builtin_names
+    try:
+        selected = cases.collect(args.area, args.k)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not selected:
+        raise UsageError(f"no case matches (areas {args.area or 'all'}, -k {args.k!r})")
+    backends = [_backend(n) for n in (args.backend or builtin_names())]
+    total = len(selected) * len(backends)
+    failed = 0
+
+    def progress(res):
+        nonlocal failed
+        if res.outcome in ("fail", "error"):
+            failed += 1
+            print(f"{res.outcome.upper()} {res.backend} {res.case}: {res.detail}", file=sys.stderr)
+
+    results = runner.run(selected, backends, progress=progress)
+    print(summary_table(results))
+    print(f"\n{total} case runs on {len(backends)} backend(s); {failed} failed or errored")
+    return 1 if failed else 0
+
+
+def cmd_bench(args) -> int:
+    from mlconf import bench
+    rows = bench.quant_bench(rows=args.rows, cols=args.cols)
+    print(bench.format_table(rows))
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="mlconf", description="Conformance harness for MLB v1 / MLT runtimes.")
+    ap.add_argument("--version", action="version", version=f"mlconf {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("backends", help="list backends and their capabilities")
+    p.set_defaults(fn=cmd_backends)
+
+    p = sub.add_parser("load", help="validate an .mlb file on a backend")
+    p.add_argument("file")
+    p.add_argument("-b", "--backend", default="reference")
+    p.add_argument("--json", action="store_true", help='print {"status": ..., "reason": ...}')
+    p.set_defaults(fn=cmd_load)
+
+    p = sub.add_parser("quantize", help="quantize a float .npy matrix to an .npz of quants and scales")
+    p.add_argument("--type", choices=["q8_0", "q4_0"], required=True)
+    p.add_argument("--f16-scales", action="store_true")
+    p.add_argument("--rule", choices=["search", "round"], help="Q4_0 rule (default search)")
+    p.add_argument("-b", "--backend", default="reference")
+    p.add_argument("input", metavar="IN.npy")
+    p.add_argument("output", metavar="OUT.npz")
+    p.set_defaults(fn=cmd_quantize)
+
+    p = sub.add_parser("fixtures", help="write every generated fixture and manifest.json")
+    p.add_argument("outdir")
+    p.set_defaults(fn=cmd_fixtures)
+
+    p = sub.add_parser("run", help="run the conformance suite and print a summary")
+    p.add_argument("-b", "--backend", action="append", help="backend name (repeatable; default all built-in)")
+    p.add_argument("-k", metavar="EXPR", help="select cases whose id matches (and/or/not, parentheses)")
+    p.add_argument("--area", action="append", choices=["header", "loader", "quant"])
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("bench", help="quantizer throughput against the machine's memory bandwidth")
+    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--cols", type=int, default=4096)
+    p.set_defaults(fn=cmd_bench)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.fn(args)
+    except UsageError as e:
+        print(f"mlconf: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Run cases on backends and turn each into a result record.
+
+One path for every caller: `mlconf run`, the pytest plugin and the tests all go through
+run_case(). Outcomes: pass, fail, unsupported (the backend lacks the capability or the variant),
+error (the backend raised or returned something malformed).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mlconf import fixtures
+from mlconf.backends import STATUSES, Backend, Unsupported
+from mlconf.cases import Case
+
+OUTCOMES = ("pass", "fail", "unsupported", "error")
+
+
+@dataclass
+class Result:
+    case: str
+    area: str
+    spec: str
+    backend: str
+    outcome: str                # one of OUTCOMES
+    compare: str                # status | bit-exact | refused
+    expected: Any = None
+    got: Any = None
+    detail: str = ""
+    metrics: dict = field(default_factory=dict)
+
+
+class Workdir:
+    """The generated fixture files of a run, written once, on first use."""
+
+    def __init__(self, root: str | Path | None = None):
+        self._tmp = None
+        if root is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="mlconf-")
+            root = self._tmp.name
+        self.root = Path(root)
+        self._written = False
+
+    def path(self, fixture: fixtures.Fixture) -> Path:
+        if not self._written:
+            fixtures.generate(self.root)
+            self._written = True
+        return self.root / fixture.file
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def _bytes_diff(name: str, want: bytes, got: bytes, itemsize: int) -> tuple[str, dict]:
+    """Where two byte strings of equal meaning differ, in elements of ``itemsize`` bytes."""
+    if len(want) != len(got):
+        return f"{name}: {len(got)} bytes, expected {len(want)}", {f"{name}_len": len(got)}
+    a = np.frombuffer(want, dtype=np.uint8).reshape(-1, itemsize)
+    b = np.frombuffer(got, dtype=np.uint8).reshape(-1, itemsize)
+    diff = np.flatnonzero((a != b).any(axis=1))
+    if not diff.size:
+        return "", {}
+    i = int(diff[0])
+    return (f"{name}: {diff.size} of {len(a)} elements differ, first at {i}: "
+            f"got {b[i].tobytes().hex()} expected {a[i].tobytes().hex()}"), {f"{name}_differ": int(diff.size),
+                                                                             f"{name}_first": i}
+
+
+def _run_quant(case: Case, backend: Backend) -> tuple[bytes, bytes]:
+    p = case.params
+    x = p["x"]
+    if case.capability == "quantize_q8_0":
+        q, d = backend.quantize_q8_0(x, f16=p["f16"])
+    else:
+        q, d = backend.quantize_q4_0(x, rule=p["rule"], f16=p["f16"], importance=p.get("importance"))
+    q = np.asarray(q)
+    d = np.asarray(d)
+    want_q = np.int8 if case.capability == "quantize_q8_0" else np.uint8
+    want_d = np.float16 if p["f16"] else np.float32
+    if q.dtype != want_q or d.dtype != want_d:
+        raise TypeError(f"backend returned q {q.dtype} / d {d.dtype}, expected {np.dtype(want_q)} / "
+                        f"{np.dtype(want_d)}")
+    return q.tobytes(), d.astype(d.dtype.newbyteorder("<")).tobytes()
+
+
+def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
+    r = Result(case.id, case.area, case.spec, backend.name, "error", case.compare, case.expected)
+    if case.capability not in backend.capabilities:
+        r.outcome, r.detail = "unsupported", f"backend has no {case.capability} capability"
+        return r
+    try:
+        if case.compare == "status":
+            got = backend.load(str(work.path(case.params["fixture"])))
+            r.got = got.status
+            if got.status not in STATUSES:
+                r.detail = f"unknown status {got.status!r}"
+                return r
+            ok = got.status == case.expected
+            r.outcome = "pass" if ok else "fail"
+            r.detail = got.reason if ok else f"expected {case.expected}, got {got.status}: {got.reason}"
+        elif case.compare == "refused":
+            try:
+                _run_quant(case, backend)
+            except (ValueError, ArithmeticError) as e:
+                r.outcome, r.got, r.detail = "pass", "refused", str(e)
+            else:
+                r.outcome, r.got = "fail", "accepted"
+                r.detail = "the quantizer accepted an input it must refuse"
+        else:
+            q, d = _run_quant(case, backend)
+            want_q, want_d = case.expected
+            dq, mq = _bytes_diff("quants", want_q, q, 1)
+            dd, md = _bytes_diff("scales", want_d, d, 2 if case.params["f16"] else 4)
+            r.metrics = {**mq, **md}
+            r.got = "identical" if not (dq or dd) else "differs"
+            r.outcome = "pass" if not (dq or dd) else "fail"
+            r.detail = "; ".join(s for s in (dq, dd) if s)
+    except Unsupported as e:
+        r.outcome, r.detail = "unsupported", str(e) or "unsupported variant"
+    except Exception as e:  # a backend bug is a result, not a crash of the harness
+        r.outcome, r.detail = "error", f"{type(e).__name__}: {e}"
+    return r
+
+
+def run(cases: Iterable[Case], backends: Iterable[Backend], work: Workdir | None = None,
+        progress=None) -> list[Result]:
+    own = work is None
+    work = work or Workdir()
+    results = []
+    try:
+        for b in backends:
+            for c in cases:
+                res = run_case(c, b, work)
+                results.append(res)
+                if progress:
+                    progress(res)
+    finally:
+        if own:
+            work.close()
+    return results

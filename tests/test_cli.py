@@ -1,0 +1,133 @@
+"""The mlconf command line, run as a user runs it (a subprocess), exit codes and messages."""
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlconf import fixtures
+from mlconf.backends.reference import quant
+
+
+def mlconf(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "mlconf.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def no_traceback(r):
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fx")
+    r = mlconf("fixtures", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_backends_table():
+    r = mlconf("backends")
+    assert r.returncode == 0
+    row = next(line for line in r.stdout.splitlines() if line.startswith("reference"))
+    assert row.split()[1:] == ["yes", "yes", "yes"]
+
+
+def test_load_exit_codes_and_json(fx):
+    ok = mlconf("load", fx / "valid/q8_min.mlb")
+    assert ok.returncode == 0 and ok.stdout.startswith("ML_OK")
+    bad = mlconf("load", fx / "malformed/format.magic/gguf.mlb", "--json")
+    assert bad.returncode == 2
+    doc = json.loads(bad.stdout)
+    assert doc["status"] == "ML_E_FORMAT" and "magic" in doc["reason"]
+    shape = mlconf("load", fx / "malformed/shape.kv_divide_heads/kv_3.mlb")
+    assert shape.returncode == 2 and shape.stdout.startswith("ML_E_SHAPE") and "n_kv_heads" in shape.stdout
+
+
+def test_load_missing_file_is_io_not_traceback(tmp_path):
+    r = mlconf("load", tmp_path / "absent.mlb", "--json")
+    assert r.returncode == 2
+    assert json.loads(r.stdout)["status"] == "ML_E_IO"
+    assert "absent.mlb" in json.loads(r.stdout)["reason"]
+    no_traceback(r)
+
+
+def test_usage_errors_exit_1():
+    for args in (["load"], ["load", "x.mlb", "-b", "nope"], ["frobnicate"], ["quantize", "a.npy", "b.npz"]):
+        r = mlconf(*args)
+        assert r.returncode == 1, args
+        no_traceback(r)
+
+
+def test_fixtures_manifest_matches_catalog_and_is_deterministic(fx, tmp_path):
+    doc = json.loads((fx / "manifest.json").read_text())
+    assert len(doc["fixtures"]) == len(fixtures.catalog())
+    for f in doc["fixtures"]:
+        p = fx / f["file"]
+        missing = any("path" in op and op["path"] == "missing" for op in f["mutate"])
+        assert p.exists() != missing, f["file"]
+        assert f["expected"] in doc["statuses"]
+    again = tmp_path / "again"
+    assert mlconf("fixtures", again).returncode == 0
+
+    def digest(root: Path):
+        return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+    assert digest(fx) == digest(again)
+
+
+def test_quantize_q8_and_q4(tmp_path):
+    x = np.random.default_rng(1).normal(0, 1, (4, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = mlconf("quantize", "--type", "q8_0", "--f16-scales", tmp_path / "x.npy", tmp_path / "q8.npz")
+    assert r.returncode == 0, r.stderr
+    z = np.load(tmp_path / "q8.npz")
+    q, d = quant.q8_0(x, f16=True)
+    assert z["q"].tobytes() == q.tobytes() and z["d"].dtype == np.float16 and z["d"].tobytes() == d.tobytes()
+    r = mlconf("quantize", "--type", "q4_0", "--rule", "round", tmp_path / "x.npy", tmp_path / "q4.npz")
+    assert r.returncode == 0, r.stderr
+    z = np.load(tmp_path / "q4.npz")
+    assert z["q"].shape == (4, 32) and z["d"].shape == (4, 2)
+
+
+def test_quantize_float64_is_rounded_to_float32(tmp_path):
+    x = np.random.default_rng(2).normal(0, 1, 32)
+    np.save(tmp_path / "x.npy", x)
+    assert mlconf("quantize", "--type", "q8_0", tmp_path / "x.npy", tmp_path / "o.npz").returncode == 0
+    q, _ = quant.q8_0(x.astype(np.float32))
+    assert np.load(tmp_path / "o.npz")["q"].tobytes() == q.tobytes()
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: np.save(p, np.full(32, np.nan, np.float32)), "non-finite"),
+    (lambda p: np.save(p, np.zeros(33, np.float32)), "multiple of 32"),
+    (lambda p: np.save(p, np.zeros(32, np.int32)), "not floating point"),
+    (lambda p: p.write_bytes(b"not numpy"), "not a readable .npy"),
+    (lambda p: None, "no such file"),
+])
+def test_quantize_bad_input(tmp_path, make, needle):
+    src = tmp_path / "in.npy"
+    make(src)
+    r = mlconf("quantize", "--type", "q8_0", src, tmp_path / "out.npz")
+    assert r.returncode == 1 and needle in r.stderr, r.stderr
+    no_traceback(r)
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["in.npy"] if src.exists() else [])
+
+
+def test_quantize_refuses_f16_overflow_and_leaves_nothing(tmp_path):
+    np.save(tmp_path / "big.npy", np.full(32, 127 * 70000, np.float32))
+    r = mlconf("quantize", "--type", "q8_0", "--f16-scales", tmp_path / "big.npy", tmp_path / "o.npz")
+    assert r.returncode == 1 and "65504" in r.stderr
+    assert not (tmp_path / "o.npz").exists() and not list(tmp_path.glob(".*part"))
+
+
+def test_run_prints_table_and_selects(tmp_path):
+    r = mlconf("run", "--area", "loader", "-k", "format.magic or shape.zero")
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("reference"))
+    assert row.split()[:3] == ["reference", "loader", "9"]
+    assert mlconf("run", "-k", "no-such-case").returncode == 1
+    assert mlconf("run", "-k", "(unbalanced").returncode == 1
