@@ -131,7 +131,8 @@ def mutate(data: bytes, ops: list[dict]) -> bytes:
             n = math.prod(a.shape)
             i = arg["index"] % n
             size = np.dtype(a.dtype).itemsize
-            b[a.offset + i * size: a.offset + (i + 1) * size] = np.array([arg["value"]]).astype(a.dtype).tobytes()
+            raw = np.array([arg["value"]]).astype(a.dtype).tobytes()
+            b[a.offset + i * size: a.offset + (i + 1) * size] = raw
         elif kind == "pad":
             a = _array(table, arg["after"])
             end = a.offset + a.nbytes

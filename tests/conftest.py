@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import strategies as st
-
 from mlconf import fixtures as mlfixtures
 
 U32_MAX = 2**32 - 1
@@ -96,9 +95,11 @@ def valid_models(draw, max_layers: int = 3, max_q_dim: int = 256) -> tuple[dict,
         h["rope_orig_max_seq"] = draw(st.integers(1, U32_MAX))
         h["rope_attn_factor"] = draw(_f32(0.0, 4.0, exclude_min=True))
     flags = None
-    if draw(st.booleans()):
+    if draw(st.sampled_from([False, True, True])):
         h["layer_flags"] = 1
         flags = draw(st.lists(st.sampled_from(VALID_FLAGS), min_size=n_layers, max_size=n_layers))
+        if draw(st.booleans()):   # make linear-attention layers common
+            flags[draw(st.integers(0, n_layers - 1))] = 8
     if flags and any(f & 2 for f in flags):
         h["rope_local_theta"] = draw(_f32(0.0, 1e7, exclude_min=True))
     else:

@@ -7,7 +7,6 @@ field or rule dropped from the YAML (or moved, retyped, or given another status)
 from __future__ import annotations
 
 import pytest
-
 from mlconf import specs
 from mlconf.backends.reference import loader
 
@@ -42,8 +41,9 @@ SEED_VALIDATION = {
     "invalid llama3 parameters": (FORMAT, ["format.llama3.factor", "format.llama3.low_freq_factor",
                                            "format.llama3.high_freq_factor", "format.llama3.orig_max_seq"]),
     "invalid linear parameters": (FORMAT, ["format.linear.factor"]),
-    "invalid yarn parameters": (FORMAT, ["format.yarn.factor", "format.yarn.beta_slow", "format.yarn.beta_order",
-                                         "format.yarn.orig_max_seq", "format.yarn.attn_factor"]),
+    "invalid yarn parameters": (FORMAT, ["format.yarn.factor", "format.yarn.beta_slow",
+                                         "format.yarn.beta_order", "format.yarn.orig_max_seq",
+                                         "format.yarn.attn_factor"]),
     "a rope_attn_factor without yarn": (FORMAT, ["format.rope_attn_factor_without_yarn"]),
     "qkv_bias other than 0 or 1": (FORMAT, ["format.bool.qkv_bias"]),
     "qk_norm other than 0 or 1": (FORMAT, ["format.bool.qk_norm"]),

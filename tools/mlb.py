@@ -13,16 +13,17 @@ leaves a partial file: it writes a temporary file beside the target and renames 
 from __future__ import annotations
 
 import argparse
+import math
+import numbers
 import os
 import struct
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
-
 from mlconf.backends.reference import layout, loader, quant
 
 
@@ -154,15 +155,44 @@ def _atomic_write(path: str | os.PathLike, chunks) -> None:
         raise
 
 
+U32_MAX = 2**32 - 1
+
+
 def full_header(header: Mapping) -> dict:
+    """Every header field (missing ones zero), with each value checked against the field's type:
+    u32 fields an integer in 0..2^32-1, f32 fields a real number that float32 holds (rounded to
+    it), magic 4 bytes, padding at most 96 bytes. Anything else is an MLBError naming the field."""
     h = layout.default_header()
     unknown = set(header) - set(h)
     if unknown:
         raise MLBError(f"unknown header field(s): {', '.join(sorted(unknown))}")
     h.update(header)
     for name, kind in layout.field_types().items():
-        if kind == "f32":
-            h[name] = float(np.float32(h[name]))
+        v = h[name]
+        if kind == "u32":
+            if not isinstance(v, numbers.Integral) or not 0 <= int(v) <= U32_MAX:
+                raise MLBError(f"header field {name} = {v!r} is not an integer in 0..2^32-1 (u32)")
+            h[name] = int(v)
+        elif kind == "f32":
+            if not isinstance(v, numbers.Real):
+                raise MLBError(f"header field {name} = {v!r} is not a number (f32)")
+            try:
+                with np.errstate(over="ignore"):
+                    f = np.float32(v)
+                too_big = bool(np.isinf(f)) and math.isfinite(float(v))
+            except OverflowError:   # an int beyond any float
+                too_big = True
+            if too_big:
+                raise MLBError(f"header field {name} = {v!r} is too large for f32")
+            h[name] = float(f)
+        elif kind == "char4":
+            if not isinstance(v, (bytes, bytearray)) or len(v) != 4:
+                raise MLBError(f"header field {name} = {v!r} is not 4 bytes")
+            h[name] = bytes(v)
+        elif kind == "pad":
+            if not isinstance(v, (bytes, bytearray)) or len(v) > 96:
+                raise MLBError(f"header field {name} is not at most 96 bytes")
+            h[name] = bytes(v).ljust(96, b"\0")
     return h
 
 
@@ -205,12 +235,19 @@ def write(path: str | os.PathLike, header: Mapping, arrays: Mapping[str, np.ndar
     ``flags`` are the layer-flag bytes (required iff header layer_flags is 1).
     """
     name = os.fspath(path)
-    h = full_header(header)
+    try:
+        h = full_header(header)
+    except MLBError as e:
+        raise MLBError(f"{name}: {e}") from None
     if q4_rule not in ("search", "round"):
         raise MLBError(f"{name}: q4_rule {q4_rule!r} is not 'search' or 'round'")
     if q4_rule == "round" and imatrix is not None:
         raise MLBError(f"{name}: the round rule takes no imatrix (decision imatrix.round_rule)")
-    fl = None if flags is None else bytes(int(b) & 0xFF for b in flags)
+    if flags is not None:
+        bad_flag = [b for b in flags if not isinstance(b, numbers.Integral) or not 0 <= int(b) <= 255]
+        if bad_flag:
+            raise MLBError(f"{name}: layer flag value {bad_flag[0]!r} is not a byte (0..255)")
+    fl = None if flags is None else bytes(int(b) for b in flags)
     if h["layer_flags"] == 1 and (fl is None or len(fl) != h["n_layers"]):
         raise MLBError(f"{name}: header layer_flags = 1 needs {h['n_layers']} flag bytes, got "
                        f"{None if fl is None else len(fl)}")
@@ -225,7 +262,8 @@ def write(path: str | os.PathLike, header: Mapping, arrays: Mapping[str, np.ndar
     missing = [k for k in want if k not in arrays]
     extra = [k for k in arrays if k not in want]
     if missing or extra:
-        raise MLBError(f"{name}: arrays do not match the header: missing {missing[:5]}, unexpected {extra[:5]}")
+        raise MLBError(f"{name}: arrays do not match the header: missing {missing[:5]}, "
+                       f"unexpected {extra[:5]}")
 
     def chunks():
         yield layout.pack_header(h)
@@ -235,9 +273,14 @@ def write(path: str | os.PathLike, header: Mapping, arrays: Mapping[str, np.ndar
             x = np.asarray(arrays[k])
             if x.shape != shape:
                 raise MLBError(f"{name}: array {k} has shape {x.shape}, the header implies {shape}")
-            x = x.astype(np.float32)
+            if x.dtype.kind not in "biuf":
+                raise MLBError(f"{name}: array {k} has dtype {x.dtype}, not a real number type")
             if not np.isfinite(x).all():
                 raise MLBError(f"{name}: array {k} holds a non-finite value; weights must be finite")
+            with np.errstate(over="ignore"):
+                x = x.astype(np.float32)
+            if not np.isfinite(x).all():
+                raise MLBError(f"{name}: array {k} holds a value too large for float32")
             if fmt == "F32":
                 yield _padded(x.astype("<f4").tobytes())
                 continue
@@ -308,7 +351,8 @@ def info(model: Model) -> str:
     lines.append("arrays:")
     rows = [f"{a.offset:>12}  {a.nbytes:>12}  {a.fmt:5} {a.dtype:4} {str(a.shape):16} {a.name}"
             for a in model.table]
-    lines.append(indent("\n".join([f"{'offset':>12}  {'bytes':>12}  fmt   type shape            name"] + rows), "  "))
+    title = f"{'offset':>12}  {'bytes':>12}  fmt   type shape            name"
+    lines.append(indent("\n".join([title] + rows), "  "))
     return "\n".join(lines)
 
 

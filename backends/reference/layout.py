@@ -9,12 +9,11 @@ passed it. All sizes are Python ints, so nothing here can overflow.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import Iterator
 
 import numpy as np
-
 from mlconf import specs
 
 HEADER_SIZE = 256

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from functools import cached_property
 
 import numpy as np
-
 from mlconf import specs
 
 from ..base import LoadResult
@@ -22,16 +21,45 @@ from . import layout
 LIMITS = specs.load("mlb_header")["limits"]
 
 
-@dataclass
 class Context:
-    """What the checks look at; filled stage by stage as the earlier rules pass."""
+    """What the checks look at. The header is parsed and the layer-flag bytes are read on first
+    use, so each check sees only what the rules before it (in the spec's order) made safe to read:
+    the header once the file holds 256 bytes, the flags once layer_flags is known to be 1."""
 
-    path: str
-    size: int = 0
-    head: bytes = b""
-    h: dict = field(default_factory=dict)
-    flags: bytes | None = None      # layer-flag bytes, None when absent or cut off
-    flags_cut: bool = False
+    def __init__(self, path: str = "", size: int = 0, head: bytes = b""):
+        self.path, self.size, self.head = path, size, head
+
+    @classmethod
+    def of_header(cls, h: dict, flags: bytes | None) -> Context:
+        """A context for a header that is not in a file (the writer's checks)."""
+        c = cls()
+        c.__dict__["h"] = dict(h)
+        c.__dict__["_flag_bytes"] = (flags, False)
+        return c
+
+    @cached_property
+    def h(self) -> dict:
+        return layout.parse_header(self.head)
+
+    @cached_property
+    def _flag_bytes(self) -> tuple[bytes | None, bool]:
+        """(flag bytes or None, whether the file ends inside them)."""
+        if self.h["layer_flags"] != 1:
+            return None, False
+        n = self.h["n_layers"]
+        if self.size < 256 + n:
+            return None, True
+        with open(self.path, "rb") as f:
+            f.seek(256)
+            return f.read(n), False
+
+    @property
+    def flags(self) -> bytes | None:
+        return self._flag_bytes[0]
+
+    @property
+    def flags_cut(self) -> bool:
+        return self._flag_bytes[1]
 
 
 Check = Callable[[Context], "str | None"]
@@ -104,7 +132,9 @@ def _mask_q8(c: Context):
 @rule("format.q8_mask.unknown_bits")
 def _mask_bits(c: Context):
     extra = c.h["q8_mask"] & ~0x7F
-    return f"{_field('q8_mask', c.h)} sets unknown bits {extra:#x}; only bits 0..6 are classes" if extra else None
+    if not extra:
+        return None
+    return f"{_field('q8_mask', c.h)} sets unknown bits {extra:#x}; only bits 0..6 are classes"
 
 
 def _positive_finite(name: str, rule_text: str) -> Check:
@@ -155,7 +185,8 @@ def _llama3_high(c: Context):
         return None
     hi, lo = h["rope_high_freq_factor"], h["rope_low_freq_factor"]
     ok = _finite(hi) and hi > lo
-    return None if ok else f"{_field('rope_high_freq_factor', h)}: llama3 needs a finite value > rope_low_freq_factor = {lo!r}"
+    return None if ok else (f"{_field('rope_high_freq_factor', h)}: llama3 needs a finite value "
+                            f"> rope_low_freq_factor = {lo!r}")
 
 
 @rule("format.yarn.beta_order")
@@ -371,20 +402,6 @@ def rule_table() -> list[dict]:
     return specs.load("mlb_errors")["rules"]
 
 
-def _stage(c: Context, rule_id: str) -> None:
-    """Fill in what the rules from here on look at."""
-    if rule_id == "format.magic":
-        c.h = layout.parse_header(c.head)
-    elif rule_id == "format.layer.unknown_bits" and c.h["layer_flags"]:
-        n = c.h["n_layers"]
-        if c.size < 256 + n:
-            c.flags_cut = True
-        else:
-            with open(c.path, "rb") as f:
-                f.seek(256)
-                c.flags = f.read(n)
-
-
 def load(path: str | os.PathLike) -> LoadResult:
     """Validate a .mlb file; the first failing rule of specs/mlb_errors.yaml decides the status."""
     path = os.fspath(path)
@@ -397,7 +414,6 @@ def load(path: str | os.PathLike) -> LoadResult:
         return LoadResult("ML_E_IO", f"{name}: cannot open: {e.strerror or e}", "io.open")
     c = Context(path=path, size=size, head=head)
     for r in rule_table():
-        _stage(c, r["id"])
         reason = RULES[r["id"]](c)
         if reason is not None:
             return LoadResult(r["status"], f"{name}: {reason} [{r['id']}]", r["id"])
@@ -407,7 +423,7 @@ def load(path: str | os.PathLike) -> LoadResult:
 def header_problem(h: dict, flags: bytes | None) -> tuple[str, str] | None:
     """(rule id, reason) of the first header or layer-flag rule that ``h`` and ``flags`` break,
     or None. The writer uses it to refuse what the loader would refuse."""
-    c = Context(path="", size=0, h=dict(h), flags=bytes(flags) if flags is not None else None)
+    c = Context.of_header(h, bytes(flags) if flags is not None else None)
     for r in rule_table():
         rid = r["id"]
         if rid.startswith(("io.", "format.empty", "format.short_header", "format.truncated_body",
