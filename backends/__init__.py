@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .base import CAPABILITIES, STATUSES, Backend, BackendError, LoadResult, Unsupported
+from .base import CAPABILITIES, STATUSES, Backend, BackendError, InputError, LoadResult, ModelSession, Unsupported
 
-__all__ = ["CAPABILITIES", "STATUSES", "Backend", "BackendError", "LoadResult", "Unsupported",
+__all__ = ["CAPABILITIES", "STATUSES", "Backend", "BackendError", "InputError", "LoadResult", "ModelSession",
+           "Unsupported",
            "get", "builtin_names", "register"]
 
 _FACTORIES: dict[str, Callable[[str], Backend]] = {}

@@ -17,6 +17,7 @@ CAPABILITIES = {
     "load": "validate an .mlb file: load(path) -> LoadResult",
     "quantize_q8_0": "Q8_0 quantizer: quantize_q8_0(x, f16) -> (q int8, d f32|f16)",
     "quantize_q4_0": "Q4_0 quantizer: quantize_q4_0(x, rule, f16, importance) -> (q u8, d f32|f16)",
+    "forward": "logits: open_model(path, ctx) -> session; session.forward(tokens, pos) -> (n, vocab) f32",
 }
 STATUSES = ("ML_OK", "ML_E_IO", "ML_E_FORMAT", "ML_E_SHAPE")
 
@@ -27,6 +28,10 @@ class Unsupported(Exception):
 
 class BackendError(Exception):
     """A backend name that cannot be resolved, or a backend that failed to start."""
+
+
+class InputError(ValueError):
+    """A valid model asked for something it cannot do (a token out of range, pos beyond ctx)."""
 
 
 @dataclass
@@ -51,3 +56,15 @@ class Backend(Protocol):
 
     def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
                       importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def open_model(self, path: str, ctx: int | None = None) -> ModelSession: ...
+
+
+class ModelSession(Protocol):
+    """A loaded model with its KV cache; positions must be fed in order (reset to start over)."""
+
+    def forward(self, tokens: np.ndarray, pos: int) -> np.ndarray: ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...

@@ -157,6 +157,60 @@ def cmd_run(args) -> int:
     return 1 if failed else 0
 
 
+def parse_tokens(text: str) -> np.ndarray:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise UsageError(f"--tokens {text!r}: expected comma-separated integers like 1,2,3") from None
+    if not ids:
+        raise UsageError("--tokens: no token given")
+    return np.array(ids, dtype=np.int64)
+
+
+def _atomic_npy(path: str, arr: np.ndarray) -> None:
+    target = Path(path)
+    if not target.resolve().parent.is_dir():
+        raise UsageError(f"{path}: folder {target.resolve().parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.resolve().parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, arr)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def cmd_forward(args) -> int:
+    from mlconf.backends import InputError, Unsupported
+    tokens = parse_tokens(args.tokens)
+    if args.float:
+        if args.backend != "reference":
+            raise UsageError("--float (float semantics) exists on the reference backend only")
+        from mlconf.backends.reference import ReferenceBackend
+        b = ReferenceBackend(float_mode=True)
+    else:
+        b = _backend(args.backend)
+    if "forward" not in b.capabilities:
+        raise UsageError(f"backend {b.name} has no forward capability")
+    try:
+        session = b.open_model(args.model, ctx=args.ctx)
+        logits = session.forward(tokens, 0)
+        session.close()
+    except (InputError, Unsupported) as e:
+        raise UsageError(str(e)) from None
+    if args.output:
+        _atomic_npy(args.output, logits)
+        print(f"{args.output}: logits float32 {list(logits.shape)}")
+    else:
+        for p, row in enumerate(logits):
+            top = np.argsort(-row, kind="stable")[:5]
+            print(f"pos {p} token {int(tokens[p])}: argmax {int(top[0])}  top5 " +
+                  " ".join(f"{int(i)}:{row[i]:.4f}" for i in top))
+    return 0
+
+
 def cmd_bench(args) -> int:
     from mlconf import bench
     rows = bench.quant_bench(rows=args.rows, cols=args.cols)
@@ -197,6 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", metavar="EXPR", help="select cases whose id matches (and/or/not, parentheses)")
     p.add_argument("--area", action="append", choices=["header", "loader", "quant"])
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("forward", help="logits of a token sequence (one row per position)")
+    p.add_argument("model", metavar="MODEL.mlb")
+    p.add_argument("--tokens", required=True, help="comma-separated token ids, fed from position 0")
+    p.add_argument("-b", "--backend", default="reference")
+    p.add_argument("--ctx", type=int, help="KV cache positions (default max_seq)")
+    p.add_argument("--float", action="store_true", help="float semantics: no activation quantization")
+    p.add_argument("-o", "--output", metavar="OUT.npy", help="write the float32 logits here")
+    p.set_defaults(fn=cmd_forward)
 
     p = sub.add_parser("bench", help="quantizer throughput against the machine's memory bandwidth")
     p.add_argument("--rows", type=int, default=4096)

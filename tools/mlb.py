@@ -312,6 +312,11 @@ class Model:
         fmt = next(a.fmt for a in self.table if a.name == f"{name}.q")
         return fmt, q, self.arrays[f"{name}.d"]
 
+    def rows(self, name: str, index: np.ndarray) -> np.ndarray:
+        """float32 values of the selected rows of a matrix (an embedding lookup)."""
+        fmt, q, d = self.matrix(name)
+        return quant.dequantize(fmt, np.asarray(q[index]), np.asarray(d[index]))
+
     def weights(self, name: str) -> np.ndarray:
         """float32 values of any array (matrices dequantized)."""
         if name in self.arrays:

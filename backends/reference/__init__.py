@@ -11,10 +11,24 @@ from . import loader, quant
 
 class ReferenceBackend:
     name = "reference"
-    capabilities = frozenset({"load", "quantize_q8_0", "quantize_q4_0"})
+    capabilities = frozenset({"load", "quantize_q8_0", "quantize_q4_0", "forward"})
+
+    def __init__(self, float_mode: bool = False):
+        self.float_mode = float_mode  # float semantics: no activation quantization
 
     def load(self, path: str) -> LoadResult:
         return loader.load(path)
+
+    def open_model(self, path: str, ctx: int | None = None):
+        """Load (validating) and return a Forward session; a rejected file raises InputError."""
+        from mlconf.tools import mlb  # tools/mlb.py imports this package: import it late
+
+        from .forward import Forward, ForwardError
+        try:
+            model = mlb.read(path)
+        except mlb.MLBError as e:
+            raise ForwardError(str(e)) from None
+        return Forward(model, ctx=ctx, float_mode=self.float_mode)
 
     def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
         return quant.q8_0(x, f16=f16)
