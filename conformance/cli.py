@@ -211,6 +211,36 @@ def cmd_forward(args) -> int:
     return 0
 
 
+def _read_tokens_file(path: str) -> np.ndarray:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
+    return parse_tokens(",".join(text.split()))
+
+
+def cmd_imatrix(args) -> int:
+    from mlconf.backends import InputError
+    from mlconf.backends.reference import ReferenceBackend
+    from mlconf.tools import mlb
+    tokens = parse_tokens(args.tokens) if args.tokens else _read_tokens_file(args.tokens_file)
+    try:
+        session = ReferenceBackend().open_model(args.model, ctx=args.ctx)
+        im = session.start_imatrix()
+        for start in range(0, len(tokens), session.ctx):  # chunks of ctx, state reset between
+            session.reset()
+            session.forward(tokens[start: start + session.ctx], 0)
+    except InputError as e:
+        raise UsageError(str(e)) from None
+    try:
+        mlb.write_imatrix(args.output, im)
+    except (mlb.MLBError, OSError) as e:
+        raise UsageError(f"{args.output}: {e}") from None
+    print(f"{args.output}: MLI1, {im.tokens} tokens in {-(-len(tokens) // session.ctx)} chunk(s) of at most "
+          f"{session.ctx}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from mlconf import bench
     rows = bench.quant_bench(rows=args.rows, cols=args.cols)
@@ -260,6 +290,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--float", action="store_true", help="float semantics: no activation quantization")
     p.add_argument("-o", "--output", metavar="OUT.npy", help="write the float32 logits here")
     p.set_defaults(fn=cmd_forward)
+
+    p = sub.add_parser("imatrix", help="write the MLI1 importance matrix of a token sequence (reference)")
+    p.add_argument("model", metavar="MODEL.mlb")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--tokens", help="comma-separated token ids")
+    g.add_argument("--tokens-file", help="a file of token ids separated by white space or commas")
+    p.add_argument("--ctx", type=int, help="chunk length (default max_seq); the state is reset per chunk")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.mli")
+    p.set_defaults(fn=cmd_imatrix)
 
     p = sub.add_parser("bench", help="quantizer throughput against the machine's memory bandwidth")
     p.add_argument("--rows", type=int, default=4096)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlconf.tools import mlb
+from mlconf.tools.mlb import Imatrix
 
 from ..base import InputError
 
@@ -119,6 +120,21 @@ class Forward:
         self.m, self.h, self.d, self.ctx, self.float_mode = model, h, model.derived, ctx, float_mode
         self._w: dict[str, tuple] = {}
         self.state = State()
+        self.imatrix: Imatrix | None = None  # set by start_imatrix: sums of squared matmul inputs
+
+    def start_imatrix(self) -> Imatrix:
+        """Accumulate the MLI1 sums (seed: "Importance matrix file") over every later forward."""
+        h, d = self.h, self.d
+        q_dim = 0 if d["q_dim"] == h["dim"] else d["q_dim"]
+        im = Imatrix(h["n_layers"], h["dim"], h["hidden_dim"], q_dim, 0, 0, np.empty(0))
+        im.sums = np.zeros(im.expected_len(), dtype=np.float64)
+        self.imatrix = im
+        return im
+
+    def _record(self, layer: int | None, slot: str, x: np.ndarray) -> None:
+        if self.imatrix is not None:
+            view = self.imatrix.channels(layer, slot)  # a view into imatrix.sums
+            view += np.sum(x.astype(np.float64) ** 2, axis=0)
 
     def reset(self) -> None:
         self.state = State()
@@ -175,6 +191,7 @@ class Forward:
         t = x.shape[0]
         hd, nh, nkv = d["head_dim"], h["n_heads"], h["n_kv_heads"]
         hn = rmsnorm(x, self._arr(p + "attn_norm"), h["norm_eps"])
+        self._record(i, "attn", hn)
         q = self.matmul(p + "wq", hn)
         k = self.matmul(p + "wk", hn)
         v = self.matmul(p + "wv", hn)
@@ -213,6 +230,7 @@ class Forward:
         o = np.einsum("htp,phd->thd", s, vals, dtype=F32).reshape(t, nh * hd)
         if h["attn_gate"]:
             o = o * sigmoid(self.matmul(p + "wg", hn))
+        self._record(i, "wo", o)
         return self.matmul(p + "wo", o)
 
     def _linear(self, i: int, x: np.ndarray) -> np.ndarray:
@@ -220,6 +238,7 @@ class Forward:
         t = x.shape[0]
         K, V, dk, dv, kc = h["lin_k_heads"], h["lin_v_heads"], h["lin_k_dim"], h["lin_v_dim"], h["lin_conv"]
         hn = rmsnorm(x, self._arr(p + "attn_norm"), h["norm_eps"])
+        self._record(i, "attn", hn)  # lout's input has no MLI1 slot (decision imatrix.slots)
         c = self.matmul(p + "lqkv", hn)
         z = self.matmul(p + "lz", hn)
         b = self.matmul(p + "lb", hn)
@@ -258,9 +277,11 @@ class Forward:
     def _ffn(self, i: int, x: np.ndarray) -> np.ndarray:
         h, p = self.h, f"layers.{i}."
         hn = rmsnorm(x, self._arr(p + "ffn_norm"), h["norm_eps"])
+        self._record(i, "ffn", hn)
         g = self.matmul(p + "w1", hn)
         u = self.matmul(p + "w3", hn)
         act = gelu_tanh(g) if h["act"] == 1 else silu(g)
+        self._record(i, "w2", act * u)
         f = self.matmul(p + "w2", act * u)
         if h["post_norms"]:
             f = rmsnorm(f, self._arr(p + "post_ffn_norm"), h["norm_eps"])
@@ -301,6 +322,10 @@ class Forward:
             x = x + a
             x = x + self._ffn(i, x)
         xn = rmsnorm(x, self._arr("final_norm"), h["norm_eps"])
+        self._record(None, "cls", xn)
+        if self.imatrix is not None:
+            self.imatrix.tokens += len(tokens)
+            self.imatrix.tokens_cls += len(tokens)
         logits = self.matmul("tok_emb" if h["shared_classifier"] else "wcls", xn)
         self.state.filled = pos + len(tokens)
         return softcap(logits, h["final_softcap"]).astype(F32)
