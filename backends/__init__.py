@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .base import CAPABILITIES, STATUSES, Backend, BackendError, InputError, LoadResult, ModelSession, Unsupported
+from .base import (
+    CAPABILITIES,
+    STATUSES,
+    Backend,
+    BackendError,
+    InputError,
+    LoadResult,
+    ModelSession,
+    Unsupported,
+)
 
 __all__ = ["CAPABILITIES", "STATUSES", "Backend", "BackendError", "InputError", "LoadResult", "ModelSession",
            "Unsupported",

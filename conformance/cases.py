@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from mlconf import fixtures, specs
 from mlconf.golden import GOLDEN_DIR
 

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from mlconf import __version__
 from tabulate import tabulate
+
+from mlconf import __version__
 
 
 class UsageError(Exception):

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from mlconf import specs
 from mlconf.backends.reference import layout
 from mlconf.tools import mlb

@@ -12,6 +12,7 @@ a failure (the CI-gate mode).
 from __future__ import annotations
 
 import pytest
+
 from mlconf import cases as cases_mod
 from mlconf import runner
 from mlconf.backends import get

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from mlconf import fixtures
 from mlconf.backends import STATUSES, Backend, Unsupported
 from mlconf.cases import Case

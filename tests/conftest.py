@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import strategies as st
+
 from mlconf import fixtures as mlfixtures
 
 U32_MAX = 2**32 - 1

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+
 from mlconf.backends import InputError
 from mlconf.backends.reference import ReferenceBackend, quant
 from mlconf.backends.reference.forward import Forward, apply_rope, rope_inv_freq

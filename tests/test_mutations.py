@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from mlconf import fixtures as mlfixtures
 from mlconf import specs
 from mlconf.backends.reference import layout, loader

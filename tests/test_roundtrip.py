@@ -12,6 +12,7 @@ import struct
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from mlconf.backends.reference import loader, quant
 from mlconf.tools import mlb
 

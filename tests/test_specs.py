@@ -7,6 +7,7 @@ field or rule dropped from the YAML (or moved, retyped, or given another status)
 from __future__ import annotations
 
 import pytest
+
 from mlconf import specs
 from mlconf.backends.reference import loader
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from mlconf.tools import mlb
 
 REPO = Path(__file__).resolve().parents[1]

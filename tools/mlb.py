@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from mlconf.backends.reference import layout, loader, quant
 
 

@@ -17,7 +17,6 @@ from mlconf.tools import mlb
 from mlconf.tools.mlb import Imatrix
 
 from ..base import InputError
-
 from . import quant
 
 F32 = np.float32
@@ -44,7 +43,8 @@ def rope_inv_freq(h: dict, rot_dim: int, local: bool) -> np.ndarray:
     elif rt == 2:  # linear
         inv = inv / f
     elif rt == 3:  # yarn
-        beta_fast, beta_slow, orig = h["rope_low_freq_factor"], h["rope_high_freq_factor"], h["rope_orig_max_seq"]
+        beta_fast, beta_slow = h["rope_low_freq_factor"], h["rope_high_freq_factor"]
+        orig = h["rope_orig_max_seq"]
 
         def d(r: float) -> float:
             return rot_dim * math.log(orig / (2 * math.pi * r)) / (2 * math.log(base))
@@ -295,7 +295,8 @@ class Forward:
         bad = (tokens < 0) | (tokens >= h["vocab"])
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
-            raise ForwardError(f"{name}: token {int(tokens[j])} at index {j} is outside 0..{h['vocab'] - 1} (vocab)")
+            raise ForwardError(f"{name}: token {int(tokens[j])} at index {j} is outside "
+                               f"0..{h['vocab'] - 1} (vocab)")
         if pos < 0:
             raise ForwardError(f"{name}: pos {pos} is negative")
         if pos + len(tokens) > self.ctx:

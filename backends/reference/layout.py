@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
+
 from mlconf import specs
 
 HEADER_SIZE = 256

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from functools import cached_property
 
 import numpy as np
+
 from mlconf import specs
 
 from ..base import LoadResult

@@ -1,7 +1,7 @@
 """Reference quantizers: Q8_0 (f32 and f16 scales) and Q4_0 (search, round, imatrix weighting).
 
 Every operation is the float32 operation specs/quant.yaml names, vectorized over blocks. Blocks
-are the last axis in groups of 32; inputs must be finite float32 (the caller refuses others).
+are the last axis in groups of 32; inputs must be finite float32 (others raise QuantError).
 Loops run over the 32 elements of a block or the 13 search candidates, never over blocks, so
 that the accumulation order is the one the spec fixes (element 0 first).
 """
@@ -100,8 +100,11 @@ def q4_0_round(x: np.ndarray, f16: bool = False) -> tuple[np.ndarray, np.ndarray
     imax = np.argmax(np.abs(b), axis=1)  # first of equal magnitudes, like llama.cpp's strict <
     mx = b[np.arange(len(b)), imax]
     d = (mx / F32(-8)).astype(F32)
-    nz = d != 0
-    idd = np.where(nz, F32(1) / np.where(nz, d, F32(1)), F32(0)).astype(F32)
+    with np.errstate(divide="ignore", over="ignore"):
+        idd = F32(1) / d
+    # id = 0 when d is 0 or so small (|d| <= 2^-128, |m| about 2^-125) that 1/d overflows: x * inf
+    # would give inf and NaN levels; every level is then 0 (decision q4_0.round_id_overflow).
+    idd = np.where(np.isfinite(idd), idd, F32(0)).astype(F32)
     n = np.minimum(np.trunc(b * idd[:, None] + F32(8.5)), F32(15)).astype(np.int8)
     qs = _pack_nibbles(n - 8)
     return _shape_out(x, qs, _to_f16(d) if f16 else d)
@@ -129,46 +132,58 @@ def q4_0_search(x: np.ndarray, f16: bool = False,
         if imp.shape != (cols,):
             raise QuantError(f"importance has shape {imp.shape}, expected ({cols},)")
         rows = x.reshape(-1, cols)
-        s2 = row_mean_square(rows)
-        w_imp = (imp[None, :] * np.sqrt(s2[:, None] + rows * rows)).reshape(-1, BLOCK)
+        with np.errstate(over="ignore"):  # an overflowing row is refused by the search below
+            s2 = row_mean_square(rows)
+            w_imp = (imp[None, :] * np.sqrt(s2[:, None] + rows * rows)).reshape(-1, BLOCK)
 
+    n = len(b)
     amax = np.max(np.abs(b), axis=1)
     imax = np.argmax(np.abs(b), axis=1)
     zero = amax == 0
     tiny = (amax < F32(1e-6)) & ~zero
     scale = np.where(tiny, amax, F32(1)).astype(F32)
-    xs = np.where(tiny[:, None], b / np.where(zero, F32(1), scale)[:, None], b).astype(F32)
-    xmax = xs[np.arange(len(b)), imax]
-    xmax = np.where(zero, F32(1), xmax)
-    w = xs * xs if w_imp is None else w_imp
-    wx = w * xs
+    xs = np.where(tiny[:, None], b / scale[:, None], b).astype(F32)
+    xmax = np.where(zero, F32(1), xs[np.arange(n), imax]).astype(F32)
+    # Element-major (32, n): each step of the per-element accumulations reads contiguous memory.
+    xt = np.ascontiguousarray(xs.T)
 
-    best_err = np.full(len(b), np.inf, dtype=F32)
-    best_d = np.zeros(len(b), dtype=F32)
-    best_l = np.zeros(b.shape, dtype=F32)
-    for level in search_levels():
-        iscale = (level / xmax).astype(F32)
-        lv = np.clip(np.rint(xs * iscale[:, None]), F32(-8), F32(7)).astype(F32)
-        sumlx = np.zeros(len(b), dtype=F32)
-        suml2 = np.zeros(len(b), dtype=F32)
-        for j in range(BLOCK):
-            sumlx += wx[:, j] * lv[:, j]
-            suml2 += w[:, j] * (lv[:, j] * lv[:, j])
-        pos = suml2 > 0
-        d = np.where(pos, sumlx / np.where(pos, suml2, F32(1)), F32(0)).astype(F32)
-        err = np.zeros(len(b), dtype=F32)
-        for j in range(BLOCK):
-            r = xs[:, j] - d * lv[:, j]
-            err += w[:, j] * (r * r)
-        better = err < best_err
-        best_err = np.where(better, err, best_err)
-        best_d = np.where(better, d, best_d)
-        best_l = np.where(better[:, None], lv, best_l)
+    best_err = np.full(n, np.inf, dtype=F32)
+    best_d = np.zeros(n, dtype=F32)
+    best_l = np.zeros((BLOCK, n), dtype=F32)
+    # Huge blocks overflow the float32 sums (inf, NaN); such a candidate never beats +inf.
+    with np.errstate(over="ignore", invalid="ignore"):
+        wt = xt * xt if w_imp is None else np.ascontiguousarray(w_imp.T)
+        wxt = wt * xt
+        for level in search_levels():
+            iscale = (level / xmax).astype(F32)
+            lv = np.clip(np.rint(xt * iscale), F32(-8), F32(7)).astype(F32)
+            sumlx = np.zeros(n, dtype=F32)
+            suml2 = np.zeros(n, dtype=F32)
+            for j in range(BLOCK):
+                sumlx += wxt[j] * lv[j]
+                suml2 += wt[j] * (lv[j] * lv[j])
+            pos = suml2 > 0
+            d = np.where(pos, sumlx / np.where(pos, suml2, F32(1)), F32(0)).astype(F32)
+            err = np.zeros(n, dtype=F32)
+            for j in range(BLOCK):
+                r = xt[j] - d * lv[j]
+                err += wt[j] * (r * r)
+            better = err < best_err
+            best_err = np.where(better, err, best_err)
+            best_d = np.where(better, d, best_d)
+            best_l = np.where(better[None, :], lv, best_l)
 
-    d = (best_d * np.where(tiny, scale, F32(1))).astype(F32)
+    # No candidate with a finite error: float32 overflowed (|x| about 2^40 and above, or an imatrix
+    # row whose mean square overflows). The rule gives no d; refuse (decision q4_0.search_overflow).
+    failed = np.isinf(best_err) & ~zero
+    if failed.any():
+        i = int(np.flatnonzero(failed)[0])
+        raise QuantError(f"block {i}: the Q4_0 search overflows float32 (amax {float(amax[i])!r}); "
+                         "no candidate has a finite error")
+    d = (best_d * scale).astype(F32)
     d[zero] = 0
-    best_l[zero] = 0
-    qs = _pack_nibbles(best_l.astype(np.int8))
+    best_l[:, zero] = 0
+    qs = _pack_nibbles(np.ascontiguousarray(best_l.T).astype(np.int8))
     return _shape_out(x, qs, _to_f16(d) if f16 else d)
 
 
@@ -186,7 +201,12 @@ def importance(sums: np.ndarray) -> np.ndarray | None:
     of all channels, floored at 0.001 (float64, exactly-rounded mean, then float32). None when
     every sum is zero (no data): the matrix is then quantized without the imatrix."""
     s = np.asarray(sums, dtype=np.float64)
-    mean = math.fsum(s.tolist()) / len(s)
+    if s.ndim != 1 or not len(s) or not np.isfinite(s).all() or (s < 0).any():
+        raise QuantError("imatrix sums must be a non-empty 1-D array of finite sums of squares (>= 0)")
+    try:
+        mean = math.fsum(s.tolist()) / len(s)
+    except OverflowError:
+        raise QuantError("imatrix sums overflow float64") from None
     if not mean > 0:
         return None
     return np.maximum(s / mean, 0.001).astype(F32)

@@ -1,0 +1,79 @@
+"""Throughput of the reference quantizers, against the memory bandwidth measured in the same run.
+
+    python -m mlconf.bench [ROWS COLS]
+
+The quantizers read float32 and write ~1/4 of it; a memory-bound quantizer would run near the
+copy bandwidth, so `of_bw` (quantizer MB/s over copy MB/s) says how far the NumPy reference is
+from that bound. Timings are the best of `repeat` runs. Bandwidth is STREAM's "copy": bytes read
+plus bytes written per second, of an np.copyto between two buffers of `bw_bytes` each.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+from tabulate import tabulate
+
+from mlconf.backends.reference import quant
+
+BW_BYTES = 256 << 20
+
+
+def _best(fn: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(max(1, repeat)):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def copy_bandwidth(nbytes: int = BW_BYTES, repeat: int = 3) -> float:
+    """GB/s (1e9 bytes) of np.copyto between two float32 buffers of nbytes: read + write."""
+    src = np.ones(max(1, nbytes // 4), dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in before timing
+    return 2 * src.nbytes / _best(lambda: np.copyto(dst, src), repeat) / 1e9
+
+
+def quant_bench(rows: int = 4096, cols: int = 4096, repeat: int = 1, *,
+                bw_bytes: int = BW_BYTES, seed: int = 0) -> list[dict]:
+    """Time each reference quantizer on a seeded float32 rows x cols matrix (cols a multiple of 32).
+
+    One row per quantizer: op, seconds, MB/s of float32 input, the copy bandwidth (GB/s) of the
+    same run and of_bw, the quantizer's MB/s over that bandwidth."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols), dtype=np.float32)
+    imp = quant.importance(rng.uniform(0.0, 4.0, cols) ** 2)
+    ops: dict[str, Callable[[], object]] = {
+        "q8_0": lambda: quant.q8_0(x),
+        "q8_0 f16": lambda: quant.q8_0(x, f16=True),
+        "q4_0 round": lambda: quant.q4_0_round(x),
+        "q4_0 search": lambda: quant.q4_0_search(x),
+        "q4_0 search imatrix": lambda: quant.q4_0_search(x, importance=imp),
+    }
+    bw = copy_bandwidth(bw_bytes)
+    out = []
+    for name, fn in ops.items():
+        s = _best(fn, repeat)
+        mbs = x.nbytes / s / 1e6
+        out.append({"op": name, "rows": rows, "cols": cols, "seconds": s, "MB/s": mbs,
+                    "bw_GB/s": bw, "of_bw": mbs / (bw * 1e3)})
+    return out
+
+
+def format_table(rows: list[dict]) -> str:
+    return tabulate(rows, headers="keys", floatfmt=".4g")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    print(format_table(quant_bench(*args[:2])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
