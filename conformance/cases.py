@@ -4,6 +4,8 @@ A Case names the capability it needs, the spec row it comes from and its expecta
   header  valid fixtures of specs/mlb_fixtures.yaml: the loader must accept them
   loader  malformed and edge fixtures of specs/mlb_errors.yaml: the status the spec gives
   quant   hand-derived edge vectors of specs/quant.yaml and the gguf-py golden (bit-exact)
+  forward golden/logits: transformers' logits of converted tiny models, within
+          specs/tolerances.yaml logits_runtime_vs_oracle, prefilled and decoded token by token
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from mlconf import fixtures, specs
 from mlconf.golden import GOLDEN_DIR
 
-AREAS = ("header", "loader", "quant")
+AREAS = ("header", "loader", "quant", "forward")
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Case:
     area: str
     capability: str             # the backend capability it needs (backends.CAPABILITIES)
     spec: str                   # where it comes from: "<spec file>#<row>"
-    compare: str                # status | bit-exact
+    compare: str                # status | bit-exact | refused | toleranced
     params: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     expected: Any = field(default=None, hash=False, compare=False)
 
@@ -117,6 +119,20 @@ def _golden_cases() -> list[Case]:
                  {"rule": "round", "f16": True, "x": x}, expected)]
 
 
+def _forward_cases() -> list[Case]:
+    out = []
+    for npz in sorted((GOLDEN_DIR / "logits").glob("*.npz")):
+        g = np.load(npz)
+        name = npz.stem
+        spec = f"tolerances.yaml#logits_runtime_vs_oracle (golden/logits/{name}, oracle transformers)"
+        for mode in ("prefill", "decode"):
+            params = {"model": npz.with_suffix(".mlb"), "tokens": g["tokens"], "mode": mode,
+                      "tolerance": "logits_runtime_vs_oracle"}
+            out.append(Case(f"forward/{name}/{mode}", "forward", "forward", spec, "toleranced", params,
+                            g["logits"]))
+    return out
+
+
 def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | None = None) -> list[Case]:
     areas = tuple(areas or AREAS)
     unknown = set(areas) - set(AREAS)
@@ -127,6 +143,8 @@ def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | Non
         out += [c for c in _fixture_cases() if c.area in areas]
     if "quant" in areas:
         out += _edge_cases() + _golden_cases()
+    if "forward" in areas:
+        out += _forward_cases()
     if keyword:
         match = keyword_matcher(keyword)
         out = [c for c in out if match(c.id)]

@@ -242,6 +242,11 @@ def cmd_imatrix(args) -> int:
     return 0
 
 
+def cmd_convert(args) -> int:
+    from mlconf.tools import convert
+    return convert.main(args.args, prog="mlconf convert")
+
+
 def cmd_bench(args) -> int:
     from mlconf import bench
     rows = bench.quant_bench(rows=args.rows, cols=args.cols)
@@ -280,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the conformance suite and print a summary")
     p.add_argument("-b", "--backend", action="append", help="backend name (repeatable; default all built-in)")
     p.add_argument("-k", metavar="EXPR", help="select cases whose id matches (and/or/not, parentheses)")
-    p.add_argument("--area", action="append", choices=["header", "loader", "quant"])
+    p.add_argument("--area", action="append", choices=["header", "loader", "quant", "forward"])
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("forward", help="logits of a token sequence (one row per position)")
@@ -301,6 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="OUT.mli")
     p.set_defaults(fn=cmd_imatrix)
 
+    p = sub.add_parser("convert", add_help=False,
+                       help="Hugging Face checkpoint -> .mlb (tools/convert.py; --help for its options)")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_convert)
+
     p = sub.add_parser("bench", help="quantizer throughput against the machine's memory bandwidth")
     p.add_argument("--rows", type=int, default=4096)
     p.add_argument("--cols", type=int, default=4096)
@@ -309,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["convert"]:  # its options (and --help) belong to tools/convert.py
+        return cmd_convert(argparse.Namespace(args=argv[1:]))
     try:
         args = build_parser().parse_args(argv)
         return args.fn(args)

@@ -18,6 +18,7 @@ import numpy as np
 from mlconf import fixtures
 from mlconf.backends import STATUSES, Backend, Unsupported
 from mlconf.cases import Case
+from mlconf.compare import distances, within
 
 OUTCOMES = ("pass", "fail", "unsupported", "error")
 
@@ -90,6 +91,19 @@ def _run_quant(case: Case, backend: Backend) -> tuple[bytes, bytes]:
     return q.tobytes(), d.astype(d.dtype.newbyteorder("<")).tobytes()
 
 
+def _run_forward(case: Case, backend: Backend) -> np.ndarray:
+    """Logits of the case's tokens from position 0: in one call (prefill) or one token at a time."""
+    p = case.params
+    session = backend.open_model(str(p["model"]))
+    try:
+        toks = np.asarray(p["tokens"])
+        if p["mode"] == "prefill":
+            return np.asarray(session.forward(toks, 0))
+        return np.concatenate([np.asarray(session.forward(toks[i:i + 1], i)) for i in range(len(toks))])
+    finally:
+        session.close()
+
+
 def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
     r = Result(case.id, case.area, case.spec, backend.name, "error", case.compare, case.expected)
     if case.capability not in backend.capabilities:
@@ -113,6 +127,12 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
             else:
                 r.outcome, r.got = "fail", "accepted"
                 r.detail = "the quantizer accepted an input it must refuse"
+        elif case.compare == "toleranced":
+            r.metrics = distances(_run_forward(case, backend), case.expected)
+            ok, over = within(case.params["tolerance"], r.metrics)
+            r.outcome = "pass" if ok else "fail"
+            r.got = "within" if ok else "outside"
+            r.detail = over or ", ".join(f"{k} {v:.3g}" for k, v in r.metrics.items())
         else:
             q, d = _run_quant(case, backend)
             want_q, want_d = case.expected

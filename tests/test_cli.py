@@ -134,3 +134,47 @@ def test_run_prints_table_and_selects(tmp_path):
     assert row.split()[:3] == ["reference", "loader", "9"]
     assert mlconf("run", "-k", "no-such-case").returncode == 1
     assert mlconf("run", "-k", "(unbalanced").returncode == 1
+
+
+
+
+def test_forward_writes_logits_and_refuses_bad_tokens(tmp_path):
+    from mlconf.golden import GOLDEN_DIR
+    model = GOLDEN_DIR / "logits" / "qwen2_bias.mlb"
+    r = mlconf("forward", model, "--tokens", "1,2,3", "-o", tmp_path / "l.npy")
+    assert r.returncode == 0, r.stderr
+    assert np.load(tmp_path / "l.npy").shape == (3, 128)
+    r = mlconf("forward", model, "--tokens", "1,2,3")
+    assert r.returncode == 0 and r.stdout.count("argmax") == 3
+    for args, needle in ((["--tokens", "1,999"], "outside"), (["--tokens", "1,a"], "comma-separated"),
+                         (["--tokens", "1", "--ctx", "100000"], "ctx"),
+                         (["--tokens", "1", "-b", "nope"], "unknown backend")):
+        r = mlconf("forward", model, *args)
+        assert r.returncode == 1 and needle in r.stderr, (args, r.stderr)
+        no_traceback(r)
+
+
+def test_imatrix_command(tmp_path):
+    from mlconf.golden import GOLDEN_DIR
+    from mlconf.tools import mlb
+    model = GOLDEN_DIR / "logits" / "qwen2_bias.mlb"
+    (tmp_path / "t.txt").write_text("1 2 3\n4,5\n")
+    r = mlconf("imatrix", model, "--tokens-file", tmp_path / "t.txt", "--ctx", "2", "-o", tmp_path / "o.mli")
+    assert r.returncode == 0, r.stderr
+    im = mlb.read_imatrix(tmp_path / "o.mli")
+    assert im.tokens == im.tokens_cls == 5 and im.n_layers == 2
+    r = mlconf("imatrix", model, "--tokens", "1", "-o", tmp_path / "nodir" / "o.mli")
+    assert r.returncode == 1
+    no_traceback(r)
+
+
+def test_convert_command(tmp_path):
+    pytest.importorskip("torch")
+    from mlconf.tools import hf_models
+    hf_models.build("qwen2", tmp_path / "hf", seed=0)
+    r = mlconf("convert", tmp_path / "hf", tmp_path / "m.mlb", "--wtype", "q4_0", "--f16-scales")
+    assert r.returncode == 0, r.stderr
+    assert mlconf("load", tmp_path / "m.mlb").returncode == 0
+    r = mlconf("convert", tmp_path / "missing", tmp_path / "x.mlb")
+    assert r.returncode == 1 and not (tmp_path / "x.mlb").exists()
+    no_traceback(r)

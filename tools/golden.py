@@ -37,7 +37,8 @@ F16_MAX_M = 65504.0 * 8  # |largest element| at most this, so d = m / -8 fits in
 # Below |m| = 2^-124 the scale d = m/-8 is so small that 1/d overflows (from 2^-125 on): gguf-py
 # then casts inf and NaN to uint8, which NumPy leaves undefined. Random blocks stay above it.
 TINY_M = 2.0**-124
-MANIFEST_HEADER = "# sha256 path oracle oracle_version command...  (python tools/golden.py NAME re-derives)"
+MANIFEST_HEADER = ("# sha256 path oracle oracle_version command...  (the command re-derives the file; "
+                   "oracle_version may add +package-version of what the oracle ran on)")
 
 
 # ---------------------------------------------------------------- inputs
