@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from tabulate import tabulate
@@ -62,6 +63,39 @@ def quant_bench(rows: int = 4096, cols: int = 4096, repeat: int = 1, *,
         mbs = x.nbytes / s / 1e6
         out.append({"op": name, "rows": rows, "cols": cols, "seconds": s, "MB/s": mbs,
                     "bw_GB/s": bw, "of_bw": mbs / (bw * 1e3)})
+    return out
+
+
+def forward_bench(model_path: str, n_tokens: int = 32, repeat: int = 3) -> list[dict]:
+    """Reference forward speed on one model: prefill (one call) and decode (one token per call),
+    tokens/s, in runtime and float semantics. Weight bytes / decode time gives the effective
+    bandwidth, compared with the copy bandwidth of the same run."""
+    from mlconf.backends.reference.forward import Forward
+    from mlconf.tools import mlb
+
+    m = mlb.read(model_path)
+    n = min(n_tokens, m.header["max_seq"])
+    toks = np.arange(n) % m.header["vocab"]
+    weight_bytes = sum(a.nbytes for a in m.table)
+    bw = copy_bandwidth(64 << 20)
+    out = []
+    for float_mode in (False, True):
+        fw = Forward(m, float_mode=float_mode)
+        fw.forward(toks[:1], 0)  # prepare the weights once, outside the timings
+
+        def prefill(fw=fw):
+            fw.reset()
+            fw.forward(toks, 0)
+
+        def decode(fw=fw):
+            fw.reset()
+            for i in range(n):
+                fw.forward(toks[i:i + 1], i)
+        tp, td = _best(prefill, repeat), _best(decode, repeat)
+        out.append({"model": Path(model_path).name, "mode": "float" if float_mode else "runtime",
+                    "tokens": n, "prefill_tok_s": n / tp, "decode_tok_s": n / td,
+                    "decode_weight_GB_s": weight_bytes * n / td / 1e9,
+                    "of_bw": weight_bytes * n / td / 1e9 / bw})
     return out
 
 

@@ -249,8 +249,14 @@ def cmd_convert(args) -> int:
 
 def cmd_bench(args) -> int:
     from mlconf import bench
-    rows = bench.quant_bench(rows=args.rows, cols=args.cols)
-    print(bench.format_table(rows))
+    from mlconf.golden import GOLDEN_DIR
+    if args.what in ("all", "quant"):
+        print(bench.format_table(bench.quant_bench(rows=args.rows, cols=args.cols)))
+    if args.what in ("all", "forward"):
+        model = args.model or max((GOLDEN_DIR / "logits").glob("*.mlb"), key=lambda p: p.stat().st_size)
+        if not Path(model).is_file():
+            raise UsageError(f"{model}: no such file")
+        print(bench.format_table(bench.forward_bench(str(model))))
     return 0
 
 
@@ -311,9 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_convert)
 
-    p = sub.add_parser("bench", help="quantizer throughput against the machine's memory bandwidth")
-    p.add_argument("--rows", type=int, default=4096)
-    p.add_argument("--cols", type=int, default=4096)
+    p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
+    p.add_argument("what", nargs="?", choices=["all", "quant", "forward"], default="all")
+    p.add_argument("--rows", type=int, default=4096, help="quantizer matrix rows")
+    p.add_argument("--cols", type=int, default=4096, help="quantizer matrix columns")
+    p.add_argument("--model", help="forward: an .mlb (default: the largest golden model)")
     p.set_defaults(fn=cmd_bench)
     return ap
 

@@ -174,3 +174,11 @@ def test_imatrix_sums_add_over_chunks(valid):
     cls = a.channels(None, "cls") / a.tokens_cls
     w = np.asarray(m.arrays["final_norm"], np.float64)
     assert abs(np.mean(cls / (w * w)) - 1) < 0.05
+
+
+def test_forward_bench_rows():
+    from mlconf import bench
+    from mlconf.golden import GOLDEN_DIR
+    rows = bench.forward_bench(str(GOLDEN_DIR / "logits" / "llama.mlb"), n_tokens=4, repeat=1)
+    assert [r["mode"] for r in rows] == ["runtime", "float"]
+    assert all(r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["of_bw"] > 0 for r in rows)
