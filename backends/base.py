@@ -18,6 +18,8 @@ CAPABILITIES = {
     "quantize_q8_0": "Q8_0 quantizer: quantize_q8_0(x, f16) -> (q int8, d f32|f16)",
     "quantize_q4_0": "Q4_0 quantizer: quantize_q4_0(x, rule, f16, importance) -> (q u8, d f32|f16)",
     "forward": "logits: open_model(path, ctx) -> session; session.forward(tokens, pos) -> (n, vocab) f32",
+    "load_tokenizer": "validate an .mlt file: load_tokenizer(path, model_vocab) -> LoadResult",
+    "encode": "open_tokenizer(path) -> session; session.encode(text) -> ids, session.decode(ids) -> bytes",
 }
 STATUSES = ("ML_OK", "ML_E_IO", "ML_E_FORMAT", "ML_E_SHAPE")
 
@@ -58,6 +60,18 @@ class Backend(Protocol):
                       importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]: ...
 
     def open_model(self, path: str, ctx: int | None = None) -> ModelSession: ...
+
+    def load_tokenizer(self, path: str, model_vocab: int | None = None) -> LoadResult: ...
+
+    def open_tokenizer(self, path: str) -> TokenizerSession: ...
+
+
+class TokenizerSession(Protocol):
+    """A loaded .mlt tokenizer."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> bytes: ...
 
 
 class ModelSession(Protocol):

@@ -6,6 +6,7 @@ A Case names the capability it needs, the spec row it comes from and its expecta
   quant   hand-derived edge vectors of specs/quant.yaml and the gguf-py golden (bit-exact)
   forward golden/logits: transformers' logits of converted tiny models, within
           specs/tolerances.yaml logits_runtime_vs_oracle, prefilled and decoded token by token
+  tokenizer .mlt loader statuses (specs/mlt.yaml) and token ids against HF tokenizers' goldens
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from mlconf import fixtures, specs
 from mlconf.golden import GOLDEN_DIR
 
-AREAS = ("header", "loader", "quant", "forward")
+AREAS = ("header", "loader", "quant", "forward", "tokenizer")
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,12 @@ class Case:
 def _fixture_cases() -> list[Case]:
     out = []
     for f in fixtures.catalog():
-        if f.kind == "valid":
+        if f.file.startswith("tokenizer/"):
+            name = f.file.rsplit("/", 1)[-1].removesuffix(".mlt")
+            row = f"mlt.yaml#{f.rule}" if f.rule else f"mlconf/mlt_fixtures.py#{f.base}"
+            cid = f"tokenizer/load/{f.rule or 'valid'}/{name}"
+            out.append(Case(cid, "tokenizer", "load_tokenizer", row, "status", {"fixture": f}, f.expected))
+        elif f.kind == "valid":
             out.append(Case(f"header/{f.base}", "header", "load", f"mlb_fixtures.yaml#{f.base}",
                             "status", {"fixture": f}, f.expected))
         elif f.kind == "malformed":
@@ -139,7 +145,7 @@ def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | Non
     if unknown:
         raise ValueError(f"unknown area(s) {sorted(unknown)}; areas: {', '.join(AREAS)}")
     out: list[Case] = []
-    if "header" in areas or "loader" in areas:
+    if {"header", "loader", "tokenizer"} & set(areas):
         out += [c for c in _fixture_cases() if c.area in areas]
     if "quant" in areas:
         out += _edge_cases() + _golden_cases()

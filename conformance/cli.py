@@ -53,7 +53,13 @@ def cmd_backends(args) -> int:
 
 
 def cmd_load(args) -> int:
-    res = _backend(args.backend).load(args.file)
+    b = _backend(args.backend)
+    if args.file.endswith(".mlt"):  # a tokenizer (README: `mlconf load`)
+        if "load_tokenizer" not in b.capabilities:
+            raise UsageError(f"backend {b.name} has no load_tokenizer capability")
+        res = b.load_tokenizer(args.file, model_vocab=args.model_vocab)
+    else:
+        res = b.load(args.file)
     if args.json:
         print(json.dumps({"status": res.status, "reason": res.reason}))
     else:
@@ -242,6 +248,48 @@ def cmd_imatrix(args) -> int:
     return 0
 
 
+def _tokenizer(args):
+    from mlconf.backends import InputError
+    b = _backend(args.backend)
+    if "encode" not in b.capabilities:
+        raise UsageError(f"backend {b.name} has no tokenizer (encode) capability")
+    try:
+        return b.open_tokenizer(args.tokenizer)
+    except InputError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_encode(args) -> int:
+    if args.text is not None:
+        text = args.text
+    else:
+        try:
+            text = Path(args.file).read_bytes().decode("utf-8")
+        except OSError as e:
+            raise UsageError(f"{args.file}: cannot read: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{args.file}: not UTF-8 text (byte {e.start})") from None
+    ids = _tokenizer(args).encode(text)
+    print(json.dumps(ids) if args.json else ",".join(map(str, ids)))
+    return 0
+
+
+def cmd_decode(args) -> int:
+    ids = [int(i) for i in parse_tokens(args.ids)]
+    tok = _tokenizer(args)
+    try:
+        data = tok.decode(ids)
+    except (ValueError, IndexError) as e:
+        raise UsageError(f"--ids: {e}") from None
+    sys.stdout.write(data.decode("utf-8", errors="replace") + "\n")
+    return 0
+
+
+def cmd_convert_tokenizer(args) -> int:
+    from mlconf.tools import convert_tokenizer
+    return convert_tokenizer.main(args.args, prog="mlconf convert-tokenizer")
+
+
 def cmd_convert(args) -> int:
     from mlconf.tools import convert
     return convert.main(args.args, prog="mlconf convert")
@@ -273,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("-b", "--backend", default="reference")
     p.add_argument("--json", action="store_true", help='print {"status": ..., "reason": ...}')
+    p.add_argument("--model-vocab", type=int, help="for an .mlt: the vocab of the model it goes with")
     p.set_defaults(fn=cmd_load)
 
     p = sub.add_parser("quantize", help="quantize a float .npy matrix to an .npz of quants and scales")
@@ -291,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the conformance suite and print a summary")
     p.add_argument("-b", "--backend", action="append", help="backend name (repeatable; default all built-in)")
     p.add_argument("-k", metavar="EXPR", help="select cases whose id matches (and/or/not, parentheses)")
-    p.add_argument("--area", action="append", choices=["header", "loader", "quant", "forward"])
+    p.add_argument("--area", action="append", choices=["header", "loader", "quant", "forward", "tokenizer"])
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("forward", help="logits of a token sequence (one row per position)")
@@ -317,6 +366,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_convert)
 
+    p = sub.add_parser("encode", help="token ids of a text (an .mlt tokenizer)")
+    p.add_argument("tokenizer", metavar="TOKENIZER.mlt")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--text")
+    g.add_argument("--file", help="a UTF-8 text file")
+    p.add_argument("-b", "--backend", default="reference")
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.set_defaults(fn=cmd_encode)
+
+    p = sub.add_parser("decode", help="the text of token ids (an .mlt tokenizer)")
+    p.add_argument("tokenizer", metavar="TOKENIZER.mlt")
+    p.add_argument("--ids", required=True, help="comma-separated token ids")
+    p.add_argument("-b", "--backend", default="reference")
+    p.set_defaults(fn=cmd_decode)
+
+    p = sub.add_parser("convert-tokenizer", add_help=False,
+                       help="tokenizer.json -> .mlt (tools/convert_tokenizer.py; --help for its options)")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_convert_tokenizer)
+
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
     p.add_argument("what", nargs="?", choices=["all", "quant", "forward"], default="all")
     p.add_argument("--rows", type=int, default=4096, help="quantizer matrix rows")
@@ -330,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["convert"]:  # its options (and --help) belong to tools/convert.py
         return cmd_convert(argparse.Namespace(args=argv[1:]))
+    if argv[:1] == ["convert-tokenizer"]:
+        return cmd_convert_tokenizer(argparse.Namespace(args=argv[1:]))
     try:
         args = build_parser().parse_args(argv)
         return args.fn(args)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlconf import specs
+from mlconf import mlt_fixtures, specs
 from mlconf.backends.reference import layout
 from mlconf.tools import mlb
 
@@ -33,6 +33,7 @@ class Fixture:
     rule: str = ""              # malformed: the rule id of specs/mlb_errors.yaml it breaks
     base: str = ""
     mutate: list = field(default_factory=list)
+    model_vocab: int | None = None  # tokenizer fixtures: the model vocab a loader is given
 
 
 # ---------------------------------------------------------------- valid bases
@@ -175,7 +176,7 @@ def catalog() -> list[Fixture]:
     for c in errors["accepted"]:
         out.append(Fixture(f"accepted/{c['name']}.mlb", "accepted", "ML_OK", [c["why"]], "",
                            c["base"], c["mutate"]))
-    return out
+    return out + mlt_fixtures.catalog()
 
 
 def _atomic_bytes(path: Path, data: bytes) -> None:
@@ -202,10 +203,13 @@ def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fi
     for f in fixtures:
         target = out / f.file
         target.parent.mkdir(parents=True, exist_ok=True)
-        if f.kind == "valid":
+        if f.kind == "valid" and not f.file.startswith("tokenizer/"):
             base_bytes(f.base)
             continue
         pk = _path_kind(f.mutate)
+        if pk is None and f.file.startswith("tokenizer/"):
+            _atomic_bytes(target, mlt_fixtures.content(f))
+            continue
         if pk == "missing":
             if target.exists():
                 target.unlink()

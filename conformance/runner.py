@@ -111,7 +111,12 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
         return r
     try:
         if case.compare == "status":
-            got = backend.load(str(work.path(case.params["fixture"])))
+            fx = case.params["fixture"]
+            path = str(work.path(fx))
+            if case.capability == "load_tokenizer":
+                got = backend.load_tokenizer(path, model_vocab=fx.model_vocab)
+            else:
+                got = backend.load(path)
             r.got = got.status
             if got.status not in STATUSES:
                 r.detail = f"unknown status {got.status!r}"

@@ -11,7 +11,7 @@ from . import loader, quant
 
 class ReferenceBackend:
     name = "reference"
-    capabilities = frozenset({"load", "quantize_q8_0", "quantize_q4_0", "forward"})
+    capabilities = frozenset({"load", "quantize_q8_0", "quantize_q4_0", "forward", "load_tokenizer", "encode"})
 
     def __init__(self, float_mode: bool = False):
         self.float_mode = float_mode  # float semantics: no activation quantization
@@ -29,6 +29,21 @@ class ReferenceBackend:
         except mlb.MLBError as e:
             raise ForwardError(str(e)) from None
         return Forward(model, ctx=ctx, float_mode=self.float_mode)
+
+    def load_tokenizer(self, path: str, model_vocab: int | None = None) -> LoadResult:
+        from . import mlt
+        return mlt.load(path, model_vocab)
+
+    def open_tokenizer(self, path: str):
+        """The reference encoder of a validated .mlt; a rejected file raises InputError."""
+        from mlconf.tools import mlt
+
+        from ..base import InputError
+        from .tokenizer import Encoder
+        try:
+            return Encoder(mlt.read(path))
+        except mlt.MLTError as e:
+            raise InputError(str(e)) from None
 
     def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
         return quant.q8_0(x, f16=f16)
