@@ -127,7 +127,8 @@ def mutate(tok: Tokenizer, ops: list[dict]) -> bytes:
 def catalog():
     """Fixture records (mlconf.fixtures.Fixture) of every tokenizer fixture."""
     from mlconf.fixtures import Fixture
-    out = [Fixture(f"tokenizer/valid/{n}.mlt", "valid", "ML_OK", [why], base=n) for n, (_, why) in BASES.items()]
+    out = [Fixture(f"tokenizer/valid/{n}.mlt", "valid", "ML_OK", [why], base=n)
+           for n, (_, why) in BASES.items()]
     for r in specs.load("mlt")["rules"]:
         for c in r["cases"]:
             f = Fixture(f"tokenizer/malformed/{r['id']}/{c['name']}.mlt", "malformed", r["status"],

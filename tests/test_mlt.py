@@ -86,7 +86,8 @@ def test_read_refuses_with_status(tmp_path):
 def test_info_script(tmp_path):
     p = tmp_path / "t.mlt"
     mlt.write(p, mlt_fixtures.BASES["bl_qwen2"][0])
-    r = subprocess.run([sys.executable, "-m", "mlconf.tools.mlt", "info", str(p)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "mlconf.tools.mlt", "info", str(p)], capture_output=True,
+                       text=True)
     assert r.returncode == 0 and "nfc" in r.stdout and "single_digits" in r.stdout
     r = subprocess.run([sys.executable, "-m", "mlconf.tools.mlt", "info", str(tmp_path / "x.mlt")],
                        capture_output=True, text=True)

@@ -11,7 +11,8 @@ from . import loader, quant
 
 class ReferenceBackend:
     name = "reference"
-    capabilities = frozenset({"load", "quantize_q8_0", "quantize_q4_0", "forward", "load_tokenizer", "encode"})
+    capabilities = frozenset({"load", "quantize_q8_0", "quantize_q4_0", "forward", "load_tokenizer",
+                              "encode"})
 
     def __init__(self, float_mode: bool = False):
         self.float_mode = float_mode  # float semantics: no activation quantization

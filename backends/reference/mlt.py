@@ -33,7 +33,8 @@ class Context:
         out, off, data = [], HEADER.size, self.data
         for i in range(self.h["n_vocab"]):
             if off + 5 > len(data):
-                return out, f"token {i}: its record header at offset {off} runs past the end ({len(data)} bytes)"
+                return out, (f"token {i}: its record header at offset {off} runs past the end "
+                             f"({len(data)} bytes)")
             attr, n = struct.unpack_from("<BI", data, off)
             if off + 5 + n > len(data):
                 return out, f"token {i}: length {n} at offset {off + 1} runs past the end ({len(data)} bytes)"
@@ -63,9 +64,11 @@ def _flags_kind(c: Context) -> str | None:
     h = c.h
     extra = h["flags"] & ~KIND_FLAGS[h["kind"]]
     if extra:
-        return f"header field flags (offset 28) = {h['flags']:#x}: bits {extra:#x} do not apply to kind {h['kind']}"
+        return (f"header field flags (offset 28) = {h['flags']:#x}: bits {extra:#x} do not apply to "
+                f"kind {h['kind']}")
     if h["flags"] & 16 and h["flags"] & 32:
-        return "header field flags (offset 28): flag 16 (single digits) applies to the Llama 3 regex, not to flag 32 (GPT-2)"
+        return ("header field flags (offset 28): flag 16 (single digits) applies to the Llama 3 regex, "
+                "not to flag 32 (GPT-2)")
     return None
 
 
@@ -122,7 +125,8 @@ RULES: dict[str, Check] = {
     "format.empty": lambda c: "the file is empty" if not c.data else None,
     "format.short_header": lambda c: (f"the file has {len(c.data)} bytes, shorter than the 32-byte header"
                                       if len(c.data) < HEADER.size else None),
-    "format.magic": lambda c: None if c.h["magic"] == b"MLT1" else f"magic is {c.h['magic']!r}, expected b'MLT1'",
+    "format.magic": lambda c: None if c.h["magic"] == b"MLT1" else (
+        f"magic is {c.h['magic']!r}, expected b'MLT1'"),
     "format.version": lambda c: None if c.h["version"] == 1 else (
         f"header field version (offset 4) = {c.h['version']}, only version 1 is defined"),
     "format.kind": lambda c: None if c.h["kind"] in KIND_FLAGS else (
@@ -136,7 +140,8 @@ RULES: dict[str, Check] = {
         f"header field n_vocab (offset 12) = {c.h['n_vocab']} is above the model's vocab {c.model_vocab}"),
     "shape.special_range": _special,
     "format.token_overrun": lambda c: c.records[1],
-    "format.token_attr": _each_token(lambda k, a, p: None if a in (0, 1, 2) else f"attr {a} is not 0, 1 or 2"),
+    "format.token_attr": _each_token(lambda k, a, p: None if a in (0, 1, 2) else (
+        f"attr {a} is not 0, 1 or 2")),
     "format.byte_token": _each_token(lambda k, a, p: None if a != 2 else (
         "a byte token (attr 2) in a byte-level tokenizer" if k == 2 else
         None if len(p) == 1 else f"a byte token (attr 2) of length {len(p)}, not 1")),
