@@ -7,10 +7,9 @@ Exit codes: 0 success; 1 a usage or input error (the message names the file and 
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import os
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -81,25 +80,20 @@ def _read_npy(path: str) -> np.ndarray:
     return x.astype(np.float32)  # float16 exactly, float64 rounded to nearest (README)
 
 
-def _atomic_npz(path: str, **arrays) -> None:
+def _atomic_npy(path: str, save, *args, **kwargs) -> None:
+    """np.save / np.savez into memory, then tools/mlb.py's atomic write (temporary file, rename)."""
+    from mlconf.tools.mlb import atomic_write
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    if not target.resolve().parent.is_dir():
+        raise UsageError(f"{path}: folder {target.resolve().parent} does not exist")
+    buf = io.BytesIO()
+    save(buf, *args, **kwargs)
+    atomic_write(target, [buf.getvalue()])
 
 
 def cmd_quantize(args) -> int:
     from mlconf.backends import Unsupported
     x = _read_npy(args.input)
-    out_dir = Path(args.output).resolve().parent
-    if not out_dir.is_dir():
-        raise UsageError(f"{args.output}: folder {out_dir} does not exist")
     b = _backend(args.backend)
     try:
         if args.type == "q8_0":
@@ -112,7 +106,7 @@ def cmd_quantize(args) -> int:
         raise UsageError(f"backend {b.name}: unsupported: {e}") from None
     except ValueError as e:  # QuantError: non-finite input, f16 scale above 65504
         raise UsageError(f"{args.input}: {e}") from None
-    _atomic_npz(args.output, q=q, d=d)
+    _atomic_npy(args.output, np.savez, q=q, d=d)
     print(f"{args.output}: {args.type} q {q.dtype}{list(q.shape)} d {d.dtype}{list(d.shape)}")
     return 0
 
@@ -174,21 +168,6 @@ def parse_tokens(text: str) -> np.ndarray:
     return np.array(ids, dtype=np.int64)
 
 
-def _atomic_npy(path: str, arr: np.ndarray) -> None:
-    target = Path(path)
-    if not target.resolve().parent.is_dir():
-        raise UsageError(f"{path}: folder {target.resolve().parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.resolve().parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, arr)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def cmd_forward(args) -> int:
     from mlconf.backends import InputError, Unsupported
     tokens = parse_tokens(args.tokens)
@@ -208,7 +187,7 @@ def cmd_forward(args) -> int:
     except (InputError, Unsupported) as e:
         raise UsageError(str(e)) from None
     if args.output:
-        _atomic_npy(args.output, logits)
+        _atomic_npy(args.output, np.save, logits)
         print(f"{args.output}: logits float32 {list(logits.shape)}")
     else:
         for p, row in enumerate(logits):

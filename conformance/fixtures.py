@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlconf import mlt_fixtures, specs
+from mlconf import byte_ops, mlt_fixtures, specs
 from mlconf.backends.reference import layout
 from mlconf.tools import mlb
 
@@ -122,9 +122,6 @@ def mutate(data: bytes, ops: list[dict]) -> bytes:
             for k, v in arg.items():
                 off, raw = _pack_field(k, v)
                 b[off: off + 4] = raw
-        elif kind == "raw":
-            raw = bytes.fromhex(arg["hex"])
-            b[arg["offset"]: arg["offset"] + len(raw)] = raw
         elif kind == "flags":
             for layer, v in arg.items():
                 b[256 + int(layer)] = v
@@ -142,12 +139,8 @@ def mutate(data: bytes, ops: list[dict]) -> bytes:
             if layout.align(end) - end < len(raw):
                 raise ValueError(f"array {a.name} has no padding to overwrite")
             b[end: end + len(raw)] = raw
-        elif kind == "truncate_to":
-            del b[arg:]
-        elif kind == "truncate_by":
-            del b[len(b) - arg:]
-        elif kind == "append":
-            b += bytes([0xA5]) * arg
+        elif byte_ops.apply(b, kind, arg):
+            continue
         elif kind == "strip_tail_padding":
             last = table[-1]
             del b[last.offset + last.nbytes:]
@@ -179,12 +172,6 @@ def catalog() -> list[Fixture]:
     return out + mlt_fixtures.catalog()
 
 
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.part")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fixture]:
     """Write the fixtures (all, or the files named in ``only``) and manifest.json."""
     out = Path(outdir)
@@ -208,7 +195,7 @@ def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fi
             continue
         pk = _path_kind(f.mutate)
         if pk is None and f.file.startswith("tokenizer/"):
-            _atomic_bytes(target, mlt_fixtures.content(f))
+            mlb.atomic_write(target, [mlt_fixtures.content(f)])
             continue
         if pk == "missing":
             if target.exists():
@@ -217,9 +204,9 @@ def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fi
         if pk == "directory":
             target.mkdir(exist_ok=True)
             continue
-        _atomic_bytes(target, mutate(base_bytes(f.base), f.mutate))
+        mlb.atomic_write(target, [mutate(base_bytes(f.base), f.mutate)])
     manifest = {"format": "mlconf fixtures v1", "spec": "MLB v1",
                 "statuses": specs.load("mlb_errors")["statuses"],
                 "fixtures": [asdict(f) for f in fixtures]}
-    _atomic_bytes(out / "manifest.json", json.dumps(manifest, indent=1).encode())
+    mlb.atomic_write(out / "manifest.json", [json.dumps(manifest, indent=1).encode()])
     return fixtures

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from mlconf import specs
+from mlconf import byte_ops, specs
 from mlconf.tools import mlt
 from mlconf.tools.mlt import ATTR_ADDED, ATTR_BYTE, ATTR_PLAIN, Tokenizer
 
@@ -105,20 +105,13 @@ def mutate(tok: Tokenizer, ops: list[dict]) -> bytes:
                 b[off: off + 4] = struct.pack(fmt, v)
         elif kind == "set_n_merges_delta":
             b[16:20] = struct.pack("<I", len(tok.merges) + arg)
-        elif kind == "raw":
-            raw = bytes.fromhex(arg["hex"])
-            b[arg["offset"]: arg["offset"] + len(raw)] = raw
         elif kind == "token_len":
             off = _record_offset(bytes(b), arg["id"])
             b[off + 1: off + 5] = struct.pack("<I", arg["value"])
         elif kind == "token_attr":
             b[_record_offset(bytes(b), arg["id"])] = arg["value"]
-        elif kind == "truncate_to":
-            del b[arg:]
-        elif kind == "truncate_by":
-            del b[len(b) - arg:]
-        elif kind == "append":
-            b += bytes([0xA5]) * arg
+        elif byte_ops.apply(b, kind, arg):
+            continue
         elif kind not in ("token_record", "merge", "merge_swap", "path"):
             raise ValueError(f"unknown tokenizer mutation {kind!r}")
     return bytes(b)

@@ -15,7 +15,7 @@ from mlconf.tools import mlb
 @pytest.fixture(scope="module")
 def valid(generated):
     root, fx = generated
-    return {f.base: root / f.file for f in fx if f.kind == "valid"}
+    return {f.base: root / f.file for f in fx if f.kind == "valid" and f.file.endswith(".mlb")}
 
 
 def tokens_for(m, n=24):

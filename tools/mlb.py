@@ -101,7 +101,7 @@ def write_imatrix(path: str | os.PathLike, im: Imatrix) -> None:
         raise MLBError(f"{os.fspath(path)}: {sums.size} sums, the header implies {im.expected_len()}")
     head = MLI_HEADER.pack(b"MLI1", 1, im.n_layers, im.dim, im.hidden_dim, im.q_dim,
                            im.tokens, im.tokens_cls)
-    _atomic_write(path, [head, sums.tobytes()])
+    atomic_write(path, [head, sums.tobytes()])
 
 
 # Input slot of each matrix name for imatrix weighting (decision imatrix.slots).
@@ -138,7 +138,7 @@ def _check_imatrix(im: Imatrix, h: dict, name: str) -> None:
 
 
 # ---------------------------------------------------------------- writer
-def _atomic_write(path: str | os.PathLike, chunks) -> None:
+def atomic_write(path: str | os.PathLike, chunks) -> None:
     """Write chunks to a temporary file beside ``path`` and rename it into place."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent or ".")
@@ -292,7 +292,7 @@ def write(path: str | os.PathLike, header: Mapping, arrays: Mapping[str, np.ndar
             yield _padded(q)
             yield _padded(d)
 
-    _atomic_write(path, chunks())
+    atomic_write(path, chunks())
 
 
 # ---------------------------------------------------------------- reader

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mlconf.tools.mlb import _atomic_write
+from mlconf.tools.mlb import atomic_write
 
 HEADER = struct.Struct("<4sIIIIiiI")   # magic version kind n_vocab n_merges bos eos flags
 MAGIC = b"MLT1"
@@ -61,7 +61,7 @@ def write(path: str | os.PathLike, tok: Tokenizer) -> None:
     res = loader.check(data, os.fspath(path))
     if not res.ok:
         raise MLTError(f"{res.reason} ({res.status})")
-    _atomic_write(path, [data])
+    atomic_write(path, [data])
 
 
 def parse(data: bytes) -> Tokenizer:
