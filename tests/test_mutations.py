@@ -9,7 +9,6 @@ or a size overflow would show as a slow load).
 from __future__ import annotations
 
 import struct
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from mlconf import specs
 from mlconf.backends.reference import layout, loader
 
 STATUSES = {"ML_OK", "ML_E_FORMAT", "ML_E_SHAPE"}
-SLOW = 2.0   # seconds; a generous bound for a file of a few KB
 U32_FIELDS = [(f["name"], f["offset"]) for f in specs.load("mlb_header")["fields"] if f["type"] == "u32"]
 HSET = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -46,13 +44,10 @@ def _load_bytes(scratch: Path, data: bytes):
     p = scratch / f"mut_{_counter[0]}.mlb"
     p.write_bytes(data)
     try:
-        t = time.monotonic()
         res = loader.load(p)
-        took = time.monotonic() - t
     finally:
         p.unlink()
     assert res.status in STATUSES, res
-    assert took < SLOW, f"load took {took:.2f} s ({res.reason})"
     if res.status != "ML_OK":
         assert res.rule and res.rule in loader.RULES, res
     return res
@@ -178,8 +173,11 @@ def test_many_layers_is_quick(generated, scratch, base, n_layers):
         assert res.status != "ML_OK", res
 
 
-def test_many_linear_layers_with_flags_is_quick(generated, scratch):
-    """65536 flag bytes of linear layers follow the header: the size check refuses it quickly."""
+def test_many_linear_layers_with_flags_is_quick(generated, scratch, monkeypatch):
+    """65536 flag bytes of linear layers follow the header: the size check refuses it without
+    walking the layers (layout.plan, which enumerates every array, is never called)."""
+    from mlconf.backends.reference import layout
+    monkeypatch.setattr(layout, "plan", lambda *a: pytest.fail("plan() walked the layers"))
     out, _ = generated
     b = bytearray((out / "valid/qwen35.mlb").read_bytes()[:256])
     struct.pack_into("<I", b, 12, 65536)
