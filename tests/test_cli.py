@@ -178,3 +178,27 @@ def test_convert_command(tmp_path):
     r = mlconf("convert", tmp_path / "missing", tmp_path / "x.mlb")
     assert r.returncode == 1 and not (tmp_path / "x.mlb").exists()
     no_traceback(r)
+
+
+def test_encode_decode_commands(tmp_path):
+    from mlconf import mlt_fixtures
+    from mlconf.tools import mlt
+    p = tmp_path / "sp.mlt"
+    mlt.write(p, mlt_fixtures.BASES["sp"][0])
+    # <s>, "▁ab", "▁ab", "▁", then the byte tokens of é (0xC3 0xA9) at 2 + byte
+    r = mlconf("encode", p, "--text", "ab ab é", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [0, 263, 263, 258, 2 + 0xC3, 2 + 0xA9]
+    (tmp_path / "t.txt").write_text("ab ab é", encoding="utf-8")
+    assert mlconf("encode", p, "--file", tmp_path / "t.txt").stdout.strip() == "0,263,263,258,197,171"
+    r = mlconf("decode", p, "--ids", "263,263,258,197,171")
+    assert r.returncode == 0 and r.stdout == "ab ab é\n"
+    for args, needle in ((["decode", p, "--ids", "99999"], "99999"),
+                         (["encode", tmp_path / "absent.mlt", "--text", "x"], "ML_E_IO"),
+                         (["encode", p, "--file", tmp_path / "absent.txt"], "cannot read")):
+        r = mlconf(*args)
+        assert r.returncode == 1 and needle in r.stderr, (args, r.stderr)
+        no_traceback(r)
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
+    r = mlconf("encode", p, "--file", tmp_path / "bad.txt")
+    assert r.returncode == 1 and "UTF-8" in r.stderr
