@@ -104,6 +104,26 @@ def _run_forward(case: Case, backend: Backend) -> np.ndarray:
         session.close()
 
 
+def _first_diff(got: list[int], want: list[int]) -> int | None:
+    if got == want:
+        return None
+    pairs = enumerate(zip(got, want, strict=False))
+    return next((k for k, (a, b) in pairs if a != b), min(len(got), len(want)))
+
+
+def _ids_detail(case: Case, got: list[int], i: int) -> str:
+    """The first differing position, the ids there and the text around it (reference decoder)."""
+    want = list(case.expected)
+    from mlconf.backends.reference.tokenizer import Encoder
+    from mlconf.tools import mlt
+    enc = Encoder(mlt.read(case.params["tokenizer"]))
+    before = enc.decode(want[max(0, i - 8): i])[-24:]
+    after = enc.decode(want[i: i + 4])[:24]
+    return (f"ids differ first at position {i} of {len(want)} (got {len(got)} ids): expected "
+            f"{want[max(0, i - 2): i + 3]}, got {got[max(0, i - 2): i + 3]} (from index {max(0, i - 2)}); "
+            f"text there: {before!r} | {after!r}; input {case.params['text'][:60]!r}")
+
+
 def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
     r = Result(case.id, case.area, case.spec, backend.name, "error", case.compare, case.expected)
     if case.capability not in backend.capabilities:
@@ -132,6 +152,15 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
             else:
                 r.outcome, r.got = "fail", "accepted"
                 r.detail = "the quantizer accepted an input it must refuse"
+        elif case.compare == "ids":
+            session = backend.open_tokenizer(str(case.params["tokenizer"]))
+            got = [int(i) for i in session.encode(case.params["text"])]
+            first = _first_diff(got, list(case.expected))
+            r.got = got
+            r.outcome = "pass" if first is None else "fail"
+            r.detail = f"{len(got)} ids identical" if first is None else _ids_detail(case, got, first)
+            if first is not None:
+                r.metrics = {"first_diff": first}
         elif case.compare == "toleranced":
             r.metrics = distances(_run_forward(case, backend), case.expected)
             ok, over = within(case.params["tolerance"], r.metrics)
