@@ -139,6 +139,24 @@ def _forward_cases() -> list[Case]:
     return out
 
 
+def _tokenizer_golden_cases() -> list[Case]:
+    """HF tokenizers' ids of golden/tokenizers/NAME.json for every text of
+    specs/tokenizer_texts.yaml; the runner converts NAME.json to .mlt with tools/convert_tokenizer."""
+    import json
+    out = []
+    texts = specs.load("tokenizer_texts")["texts"]
+    for path in sorted((GOLDEN_DIR / "tokenizers").glob("*.ids.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        name = path.name.removesuffix(".ids.json")
+        for text_name, rec in doc["ids"].items():
+            out.append(Case(f"tokenizer/encode/{name}/{text_name}", "tokenizer", "encode",
+                            f"tokenizer_texts.yaml#{text_name} (golden/tokenizers/{name}.json, oracle "
+                            f"{doc['oracle']})", "ids",
+                            {"golden": GOLDEN_DIR / "tokenizers" / doc["tokenizer"],
+                             "text": texts[text_name]}, rec["ids"]))
+    return out
+
+
 def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | None = None) -> list[Case]:
     areas = tuple(areas or AREAS)
     unknown = set(areas) - set(AREAS)
@@ -147,6 +165,8 @@ def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | Non
     out: list[Case] = []
     if {"header", "loader", "tokenizer"} & set(areas):
         out += [c for c in _fixture_cases() if c.area in areas]
+    if "tokenizer" in areas:
+        out += _tokenizer_golden_cases()
     if "quant" in areas:
         out += _edge_cases() + _golden_cases()
     if "forward" in areas:

@@ -54,6 +54,15 @@ class Workdir:
             self._written = True
         return self.root / fixture.file
 
+    def tokenizer(self, golden: Path) -> Path:
+        """The .mlt of a golden tokenizer.json, converted (tools/convert_tokenizer.py) on first use."""
+        from mlconf.tools import convert_tokenizer
+        out = self.root / "tokenizer" / "golden" / golden.with_suffix(".mlt").name
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            convert_tokenizer.convert(golden, out)
+        return out
+
     def close(self) -> None:
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -111,12 +120,12 @@ def _first_diff(got: list[int], want: list[int]) -> int | None:
     return next((k for k, (a, b) in pairs if a != b), min(len(got), len(want)))
 
 
-def _ids_detail(case: Case, got: list[int], i: int) -> str:
+def _ids_detail(case: Case, work: Workdir, got: list[int], i: int) -> str:
     """The first differing position, the ids there and the text around it (reference decoder)."""
     want = list(case.expected)
     from mlconf.backends.reference.tokenizer import Encoder
     from mlconf.tools import mlt
-    enc = Encoder(mlt.read(case.params["tokenizer"]))
+    enc = Encoder(mlt.read(work.tokenizer(case.params["golden"])))
     before = enc.decode(want[max(0, i - 8): i])[-24:]
     after = enc.decode(want[i: i + 4])[:24]
     return (f"ids differ first at position {i} of {len(want)} (got {len(got)} ids): expected "
@@ -153,12 +162,13 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
                 r.outcome, r.got = "fail", "accepted"
                 r.detail = "the quantizer accepted an input it must refuse"
         elif case.compare == "ids":
-            session = backend.open_tokenizer(str(case.params["tokenizer"]))
+            mlt_path = work.tokenizer(case.params["golden"])
+            session = backend.open_tokenizer(str(mlt_path))
             got = [int(i) for i in session.encode(case.params["text"])]
             first = _first_diff(got, list(case.expected))
             r.got = got
             r.outcome = "pass" if first is None else "fail"
-            r.detail = f"{len(got)} ids identical" if first is None else _ids_detail(case, got, first)
+            r.detail = f"{len(got)} ids identical" if first is None else _ids_detail(case, work, got, first)
             if first is not None:
                 r.metrics = {"first_diff": first}
         elif case.compare == "toleranced":

@@ -15,7 +15,7 @@ def test_case_ids_are_unique_and_areas_filled():
 
 
 def test_every_rule_and_fixture_is_a_case():
-    ids = {c.id for c in cases.collect(["header", "loader", "tokenizer"])}
+    ids = {c.id for c in cases.collect(["header", "loader", "tokenizer"]) if c.capability != "encode"}
     for r in specs.load("mlb_errors")["rules"]:
         assert any(i.startswith(f"loader/{r['id']}/") for i in ids), r["id"]
     assert len(ids) == len(fixtures.catalog())

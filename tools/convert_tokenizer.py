@@ -8,27 +8,41 @@ Library: ``convert(json_path, out_path, config_path=None) -> Tokenizer`` and ``b
 
 What maps to what (the tables below are the code; HF = what `tokenizers` does):
 
-  construct in tokenizer.json                                kind  flags
-  normalizer Sequence[Prepend("▁"), Replace(" ", "▁")]         1    0  (▁ before every piece between added tokens)
-  pre_tokenizer Metaspace(prepend_scheme first, split false)   1    4  (▁ only at offset 0 of the text)
-  model.byte_fallback + <0xXX> vocab entries                   1    -  (attr 2, the single byte)
-  pre_tokenizer ByteLevel(use_regex=true)                      2   32  (GPT-2 regex)
-  Split(Regex(llama3), Isolated) + ByteLevel(use_regex=false)  2    0
-  Split(Regex(llama3 with \\p{N}), Isolated) + ByteLevel(...)   2   16  (Qwen2)
-  Split(Regex(gpt2), Isolated) + ByteLevel(use_regex=false)    2   32
-  Digits(individual_digits=true) before the above              2   64  (SmolLM)
-  normalizer NFC                                               2    8
-  model.ignore_merges                                         1, 2  2
-  post_processor TemplateProcessing single [BOS, $A]          1, 2  1  (bos = that token)
-  added_tokens                                                1, 2  -  (attr 1, content as UTF-8)
+  construct in tokenizer.json                                 kind  flags
+  normalizer Sequence[Prepend("▁"), Replace(" ", "▁")]          1    0   ▁ before every piece
+  pre_tokenizer Metaspace(prepend_scheme first, split false)    1    4   ▁ at offset 0 only
+  model.byte_fallback + <0xXX> vocab entries                    1    -   attr 2, the one byte
+  pre_tokenizer ByteLevel(use_regex=true)                       2   32   GPT-2 regex
+  Split(Regex(llama3), Isolated) + ByteLevel(use_regex=false)   2    0
+  Split(Regex(llama3, \\p{N}), Isolated) + ByteLevel(...)        2   16   Qwen2
+  Split(Regex(gpt2), Isolated) + ByteLevel(use_regex=false)     2   32
+  Digits(individual_digits=true) before the above               2   64   SmolLM
+  normalizer NFC                                                2    8
+  model.ignore_merges                                          1, 2  2
+  post_processor TemplateProcessing single [BOS, $A]           1, 2  1   bos = that token
+  added_tokens                                                 1, 2  -   attr 1, UTF-8 content
 
 Everything else is refused with a message naming the construct (exit 1, no file written): other
 models (Unigram, WordPiece, WordLevel), other normalizers and pre-tokenizers, unknown regexes,
 Metaspace split=true or prepend_scheme always/never, dropout, continuing_subword_prefix,
-end_of_word_suffix, a kind-1 model without byte_fallback (HF would emit unk, the format has no unk
-id), byte_fallback in a byte-level model, a missing byte token, added tokens with lstrip / rstrip /
+end_of_word_suffix, an unk_token HF can emit (the format has no unk id: kind 1 without byte_fallback,
+or a byte with no token), byte_fallback in a byte-level model, added tokens with lstrip / rstrip /
 single_word, normalized added tokens where normalization changes what they match, EOS appended by
 the post-processor or add_eos_token, truncation and padding, merges naming pieces not in the vocab.
+
+Decisions (each matches what HF does, checked in tests/test_convert_tokenizer.py against HF):
+- Flag 4 unset is HF's Prepend normalizer: ▁ before every non-empty piece between added tokens,
+  even one that starts with a space. Flag 4 is Metaspace prepend_scheme "first": ▁ only for the
+  piece at offset 0, and not when it starts with a space. Metaspace "always" (every piece, but not
+  one that starts with a space) is neither, so it is refused.
+- A merge pair listed twice keeps its later rank (HF builds its map in list order).
+- normalized=true added tokens are accepted only without a normalizer, and only when none can
+  overlap a normalized=false one (HF matches the two groups in two passes, the format in one).
+- A byte with no token is refused only when HF would emit unk_token for it; without one, HF drops
+  the character, as the format does.
+- BOS: flag 1 and bos from the post-processor (what `tokenizers` adds); bos from bos_token in
+  tokenizer_config.json when the post-processor adds none; eos from eos_token, else -1. A config
+  whose add_bos_token or bos_token contradicts the post-processor is refused as ambiguous.
 """
 
 from __future__ import annotations
@@ -97,10 +111,16 @@ DIGITS_FLAG = FLAG_INDIVIDUAL_DIGITS     # Digits(individual_digits=true) before
 # Metaspace prepend_scheme -> flag. "always" is HF's per-piece prefix but skipped when the piece
 # already starts with ▁ (a leading space); flag 4 unset is the Prepend normalizer's unconditional
 # prefix (Llama 2 = SentencePiece add_dummy_prefix), so "always" has no exact flag. "first" is
-# the conditional prefix at offset 0 only, which is what flag 4 means (decision in tokenizer notes).
+# the conditional prefix at offset 0 only, which is what flag 4 means (see Decisions above).
 METASPACE_SCHEME_FLAGS: dict[str, int] = {"first": FLAG_PREFIX_FIRST_ONLY}
 NORMALIZER_FLAGS: dict[str, tuple[int, int]] = {"NFC": (KIND_BYTE_LEVEL, FLAG_NFC)}  # type -> (kind, flag)
 MODEL_FLAGS: dict[str, int] = {"ignore_merges": FLAG_IGNORE_MERGES}
+# Added-token options with no .mlt equivalent: the format matches the literal content anywhere.
+ADDED_REFUSED: dict[str, str] = {
+    "lstrip": "HF takes the white space before it into the token",
+    "rstrip": "HF takes the white space after it into the token",
+    "single_word": "HF matches it only between word boundaries",
+}
 
 
 # ---------------------------------------------------------------- helpers
@@ -140,18 +160,22 @@ def _normalizer(node: dict | None) -> tuple[str | None, int, int | None]:
     """(SentencePiece prefix source or None, flags, kind it requires or None) of the normalizer."""
     leaves = _flatten(node, "normalizers")
     types = [leaf.get("type") for leaf in leaves]
+    odd = [leaf for leaf in leaves if leaf.get("type") not in ("Prepend", "Replace", *NORMALIZER_FLAGS)]
+    if odd:
+        raise ConvertError(f"normalizer {_describe(odd[0])} has no .mlt flag")
+    if {"Prepend", "Replace"} & set(types) and sorted(types) != ["Prepend", "Replace"]:
+        raise ConvertError(f"normalizer Sequence{types}: only Prepend(\"▁\") with Replace(\" \", \"▁\") "
+                           "is expressible (the SentencePiece prefix)")
     if types in (["Prepend", "Replace"], ["Replace", "Prepend"]):
         # Replace(" " -> ▁) and an unconditional Prepend(▁) give the same text in either order.
         prep, repl = leaves[types.index("Prepend")], leaves[types.index("Replace")]
         if prep.get("prepend") != SPIECE:
-            raise ConvertError(f"normalizer {_describe(prep)}: only Prepend(\"▁\") is the SentencePiece prefix")
+            raise ConvertError(f"normalizer {_describe(prep)}: only Prepend(\"▁\") is the ▁ prefix")
         if _pattern(repl) != ("String", " ") or repl.get("content") != SPIECE:
             raise ConvertError(f"normalizer {_describe(repl)}: only Replace(\" \", \"▁\") is expressible")
         return "prepend", 0, KIND_SP
     flags, kind = 0, None
     for leaf in leaves:
-        if leaf.get("type") not in NORMALIZER_FLAGS:
-            raise ConvertError(f"normalizer {_describe(leaf)} has no .mlt flag")
         kind, flag = NORMALIZER_FLAGS[leaf["type"]]
         flags |= flag
     return None, flags, kind
@@ -168,44 +192,46 @@ def _pre_tokenizer(node: dict | None) -> tuple[str | None, int, int | None]:
         if ms.get("replacement", SPIECE) != SPIECE:
             raise ConvertError(f"pre_tokenizer {_describe(ms)}: replacement must be \"▁\"")
         if ms.get("split", True):  # HF's default is split=true (a piece per word)
-            raise ConvertError(f"pre_tokenizer {_describe(ms)}: split=true (pieces per word) has no .mlt flag")
+            raise ConvertError(f"pre_tokenizer {_describe(ms)}: split=true (a piece per word) has no flag")
         scheme = ms.get("prepend_scheme")
         if scheme is None:  # before tokenizers 0.15: add_prefix_space true = "always"
             scheme = "always" if ms.get("add_prefix_space", True) else "never"
         if scheme not in METASPACE_SCHEME_FLAGS:
             raise ConvertError(f"pre_tokenizer {_describe(ms)}: prepend_scheme {scheme!r} has no .mlt flag "
-                               "(flag 4 is prepend_scheme first; the per-piece prefix is the Prepend normalizer)")
+                               "(flag 4 is prepend_scheme first; the per-piece prefix is Prepend's)")
         return "metaspace", METASPACE_SCHEME_FLAGS[scheme], KIND_SP
     flags, rest = 0, list(leaves)
     if rest[0].get("type") == "Digits":
         if rest[0].get("individual_digits") is not True:
-            raise ConvertError(f"pre_tokenizer {_describe(rest[0])}: only individual_digits=true has a flag (64)")
+            raise ConvertError(f"pre_tokenizer {_describe(rest[0])}: only individual_digits=true has a flag")
         flags |= DIGITS_FLAG
         rest = rest[1:]
-    bl = rest[-1] if rest else {}
-    if bl.get("type") != "ByteLevel" or len(rest) > 2:
-        odd = next((x for x in rest if x.get("type") not in ("ByteLevel", "Split")), bl or leaves[0])
-        raise ConvertError(f"pre_tokenizer {_describe(odd)} has no .mlt flag (byte-level tokenizers are "
-                           "[Digits(individual)] + ByteLevel(use_regex) or Split(known regex) + ByteLevel)")
+    if [x.get("type") for x in rest] not in (["ByteLevel"], ["Split", "ByteLevel"]):
+        odd = next((x for x in leaves if x.get("type") not in ("Digits", "Split", "ByteLevel")), None)
+        if odd is not None:
+            raise ConvertError(f"pre_tokenizer {_describe(odd)} has no .mlt flag")
+        raise ConvertError(f"pre_tokenizer Sequence{types} has no .mlt flag (byte-level is [Digits] then "
+                           "ByteLevel(use_regex=true) or Split(known regex) + ByteLevel(use_regex=false))")
+    bl = rest[-1]
     if bl.get("add_prefix_space"):
         raise ConvertError(f"pre_tokenizer {_describe(bl)}: add_prefix_space=true has no .mlt flag")
     use_regex = bl.get("use_regex", True)
     if len(rest) == 2:
         split = rest[0]
-        if split.get("type") != "Split":
-            raise ConvertError(f"pre_tokenizer {_describe(split)} before ByteLevel has no .mlt flag")
         kind, text = _pattern(split)
         if kind != "Regex" or text not in SPLIT_REGEX_FLAGS:
-            raise ConvertError(f"pre_tokenizer Split: pattern {kind} {text!r} is not the Llama 3, Qwen2 or GPT-2 regex")
+            raise ConvertError(f"pre_tokenizer Split: pattern {kind} {text!r} is not the Llama 3, Qwen2 "
+                               "or GPT-2 regex")
         if split.get("behavior") != "Isolated" or split.get("invert"):
-            raise ConvertError(f"pre_tokenizer {_describe(split)}: only behavior Isolated, invert false is expressible")
+            raise ConvertError(f"pre_tokenizer Split(behavior={split.get('behavior')}, invert="
+                               f"{json.dumps(split.get('invert'))}): only Isolated, invert false has a flag")
         if use_regex:
-            raise ConvertError("pre_tokenizer ByteLevel(use_regex=true) after a Split: two regexes have no .mlt flag")
+            raise ConvertError("pre_tokenizer ByteLevel(use_regex=true) after a Split: two regexes, no flag")
         flags |= SPLIT_REGEX_FLAGS[text]
     elif use_regex:
         flags |= BYTE_LEVEL_REGEX_FLAG
     else:
-        raise ConvertError("pre_tokenizer ByteLevel(use_regex=false) with no Split regex before it has no .mlt flag")
+        raise ConvertError("pre_tokenizer ByteLevel(use_regex=false) without a Split regex has no .mlt flag")
     return None, flags, KIND_BYTE_LEVEL
 
 
@@ -219,11 +245,11 @@ def _model(model: dict, kind: int) -> int:
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key):
             raise ConvertError(f"model BPE {key}={model[key]!r} is not expressible")
-    if kind == KIND_SP and not model.get("byte_fallback"):
+    if kind == KIND_SP and not model.get("byte_fallback") and model.get("unk_token") is not None:
         raise ConvertError(f"model BPE without byte_fallback (unk_token={model.get('unk_token')!r}) in a "
                            "SentencePiece-style tokenizer: the format has no unk id")
     if kind == KIND_BYTE_LEVEL and model.get("byte_fallback"):
-        raise ConvertError("model BPE byte_fallback=true in a byte-level tokenizer: byte tokens are kind 1 only")
+        raise ConvertError("model BPE byte_fallback=true in a byte-level tokenizer: byte tokens are kind 1")
     return sum(flag for key, flag in MODEL_FLAGS.items() if model.get(key))
 
 
@@ -244,7 +270,8 @@ def _merges(model: dict, vocab: dict[str, int]) -> list[tuple[int, int, int]]:
             if piece not in vocab:
                 raise ConvertError(f"merge {rank} {left!r} + {right!r}: {piece!r} is not in the vocab")
         if left + right not in vocab:
-            raise ConvertError(f"merge {rank} {left!r} + {right!r}: the result {left + right!r} is not in the vocab")
+            raise ConvertError(f"merge {rank} {left!r} + {right!r}: the result {left + right!r} is not in "
+                               "the vocab")
         # A pair listed twice takes its later rank in HF (a map built in list order): keep that one.
         ranks[(vocab[left], vocab[right])] = (rank, vocab[left + right])
     return [(a, b, merged) for (a, b), (_, merged) in sorted(ranks.items(), key=lambda kv: kv[1][0])]
@@ -252,7 +279,8 @@ def _merges(model: dict, vocab: dict[str, int]) -> list[tuple[int, int, int]]:
 
 def _overlap(a: str, b: str) -> bool:
     """Can a and b cover a common character of some text (one inside the other, or chained)?"""
-    return a in b or b in a or any(a.endswith(b[:k]) or b.endswith(a[:k]) for k in range(1, min(len(a), len(b))))
+    chained = any(a.endswith(b[:k]) or b.endswith(a[:k]) for k in range(1, min(len(a), len(b))))
+    return a in b or b in a or chained
 
 
 def _added(added: list[dict], has_normalizer: bool) -> dict[int, str]:
@@ -260,10 +288,9 @@ def _added(added: list[dict], has_normalizer: bool) -> dict[int, str]:
     out: dict[int, str] = {}
     for t in added:
         name = f"added token {t.get('id')} {t.get('content')!r}"
-        for key in ("lstrip", "rstrip", "single_word"):
+        for key, why in ADDED_REFUSED.items():
             if t.get(key):
-                raise ConvertError(f"{name}: {key}=true (HF absorbs the whitespace / needs word bounds) "
-                                   "is not expressible")
+                raise ConvertError(f"{name}: {key}=true ({why}) is not expressible")
         if t.get("normalized") and has_normalizer:
             raise ConvertError(f"{name}: normalized=true is matched in the normalized text, the format "
                                "matches added tokens before normalizing")
@@ -302,7 +329,8 @@ def _post_processor(node: dict | None) -> tuple[str | None, int | None]:
         if specials:
             ids = (leaf.get("special_tokens") or {}).get(specials[0], {}).get("ids")
             if not ids or len(ids) != 1:
-                raise ConvertError(f"post_processor TemplateProcessing: {specials[0]!r} must map to one id, got {ids}")
+                raise ConvertError(f"post_processor TemplateProcessing: {specials[0]!r} must map to one id, "
+                                   f"got {ids}")
             if bos[0] is not None:
                 raise ConvertError("post_processor: two TemplateProcessing steps each add a token")
             bos = (specials[0], ids[0])
@@ -326,8 +354,8 @@ def _specials(d: dict, cfg: dict, ids: dict[str, int], cfg_name: str) -> tuple[i
         raise ConvertError(f"{cfg_name} add_eos_token=true: appending EOS is not expressible")
     if "add_bos_token" in cfg and bool(cfg["add_bos_token"]) != bool(flags):
         adds = f"adds {bos_name!r}" if bos_name else "adds no BOS"
-        raise ConvertError(f"{cfg_name} add_bos_token={cfg['add_bos_token']} but tokenizer.json's post_processor "
-                           f"{adds}: ambiguous (tokenizers follows the post_processor, transformers may not)")
+        raise ConvertError(f"{cfg_name} add_bos_token={cfg['add_bos_token']} but tokenizer.json's "
+                           f"post_processor {adds}: ambiguous (tokenizers follows the post_processor)")
     cfg_bos, cfg_eos = _token_name(cfg.get("bos_token")), _token_name(cfg.get("eos_token"))
     if bos_name is not None and cfg_bos is not None and cfg_bos != bos_name:
         raise ConvertError(f"{cfg_name} bos_token {cfg_bos!r} differs from the post_processor's {bos_name!r}")
@@ -365,14 +393,15 @@ def build(json_path: str | os.PathLike, config_path: str | os.PathLike | None = 
     p_source, p_flags, p_kind = _pre_tokenizer(d.get("pre_tokenizer"))
     if n_source and p_source:
         raise ConvertError("both the Prepend/Replace normalizer and Metaspace add the ▁ prefix")
-    kinds = {k for k in (n_kind, p_kind) if k is not None}
-    if not kinds:
+    # The kind comes from where the ▁ prefix or the byte mapping is; the normalizer's flags must fit it.
+    kind = p_kind if p_kind is not None else KIND_SP if n_source else None
+    if kind is None:
         raise ConvertError("neither a SentencePiece prefix (Prepend/Replace normalizer or Metaspace) nor a "
                            "ByteLevel pre-tokenizer: no .mlt kind")
-    if len(kinds) > 1:
-        raise ConvertError(f"normalizer {_describe(d['normalizer'])} does not apply to a "
-                           f"{'byte-level' if p_kind == KIND_BYTE_LEVEL else 'SentencePiece-style'} tokenizer")
-    kind = kinds.pop()
+    if n_kind is not None and n_kind != kind:
+        what = "Prepend/Replace (the ▁ prefix)" if n_source else _describe(d["normalizer"])
+        raise ConvertError(f"normalizer {what} does not apply to a "
+                           f"{'byte-level' if kind == KIND_BYTE_LEVEL else 'SentencePiece-style'} tokenizer")
     flags = n_flags | p_flags | _model(model, kind)
 
     vocab = model.get("vocab")
@@ -398,25 +427,28 @@ def build(json_path: str | os.PathLike, config_path: str | os.PathLike | None = 
         if i in added:
             content = added[i].encode("utf-8")
             if i in by_id and content not in _spellings(by_id[i], kind):
-                raise ConvertError(f"added token {i} {added[i]!r} differs from the vocab's piece {by_id[i]!r}")
+                raise ConvertError(f"added token {i} {added[i]!r} differs from vocab piece {by_id[i]!r}")
             tokens.append((ATTR_ADDED, content))
         else:
-            tokens.append(_piece(by_id[i], kind))
+            tokens.append(_piece(by_id[i], kind, bool(model.get("byte_fallback"))))
+            if not tokens[-1][1]:
+                raise ConvertError(f"vocab piece {i} is empty")
 
-    _check_bytes(vocab, added, kind)
+    _check_bytes(vocab, added, kind, model)
     ids = {**{p: i for i, p in by_id.items()}, **{c: i for i, c in added.items()}}
     bos, eos, bos_flags = _specials(d, cfg, ids, str(cfg_path or "tokenizer_config.json"))
     return Tokenizer(kind=kind, flags=flags | bos_flags, bos=bos, eos=eos, tokens=tokens, merges=merges)
 
 
-def _piece(piece: str, kind: int) -> tuple[int, bytes]:
+def _piece(piece: str, kind: int, byte_fallback: bool) -> tuple[int, bytes]:
     if kind == KIND_SP:
-        m = BYTE_TOKEN.fullmatch(piece)
+        m = BYTE_TOKEN.fullmatch(piece) if byte_fallback else None   # else HF never uses them as bytes
         return (ATTR_BYTE, bytes([int(m.group(1), 16)])) if m else (ATTR_PLAIN, piece.encode("utf-8"))
     try:
         return ATTR_PLAIN, bytes(CHAR_TO_BYTE[c] for c in piece)
     except KeyError as e:
-        raise ConvertError(f"vocab piece {piece!r}: {e.args[0]!r} is not in the GPT-2 byte alphabet") from None
+        raise ConvertError(f"vocab piece {piece!r}: {e.args[0]!r} is not in the GPT-2 byte alphabet") \
+            from None
 
 
 def _spellings(piece: str, kind: int) -> set[bytes]:
@@ -427,14 +459,28 @@ def _spellings(piece: str, kind: int) -> set[bytes]:
     return out
 
 
-def _check_bytes(vocab: dict[str, int], added: dict[int, str], kind: int) -> None:
-    """Every byte must have a plain token: HF emits unk (kind 1) or drops the character (kind 2)
-    when one is missing, neither of which the format expresses."""
-    for b in range(256):
-        piece = f"<0x{b:02X}>" if kind == KIND_SP else BYTE_TO_CHAR[b]
+# Bytes that occur in UTF-8 text (never 0xC0, 0xC1, 0xF5..0xFF).
+UTF8_BYTES = [b for b in range(256) if b not in (0xC0, 0xC1) and b < 0xF5]
+
+
+def _check_bytes(vocab: dict[str, int], added: dict[int, str], kind: int, model: dict) -> None:
+    """A byte of the text with no token: HF emits unk_token when it has one (refused: the format has
+    no unk id), else drops the character, which is also what the format says (no refusal)."""
+    unk = model.get("unk_token")
+    if unk is None or (kind == KIND_SP and not model.get("byte_fallback")):
+        return
+    for b in UTF8_BYTES:
+        if kind == KIND_SP:
+            # An ASCII character with its own piece never falls back; a space is ▁ by then.
+            own = chr(b) in vocab and vocab[chr(b)] not in added
+            if b < 0x80 and (b == 0x20 or own):
+                continue
+            piece, what = f"<0x{b:02X}>", "byte-fallback token"
+        else:
+            piece, what = BYTE_TO_CHAR[b], "byte-level token"
         if piece not in vocab or vocab[piece] in added:
-            what = "byte-fallback token" if kind == KIND_SP else "byte-level token"
-            raise ConvertError(f"the vocab has no {what} {piece!r} for byte {b:#04x}")
+            raise ConvertError(f"the vocab has no {what} {piece!r} for byte {b:#04x}, so HF emits "
+                               f"unk_token {unk!r} for it: the format has no unk id")
 
 
 def convert(json_path: str | os.PathLike, out_path: str | os.PathLike,
@@ -457,6 +503,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "convert_tokenizer.py") 
         tok = convert(args.tokenizer_json, args.out, args.config)
     except (ConvertError, mlt.MLTError) as e:
         print(f"error: {args.tokenizer_json}: {e}".replace("\n", " "), file=sys.stderr)
+        return 1
+    except (KeyError, TypeError, AttributeError, IndexError) as e:  # a field of an unexpected shape
+        print(f"error: {args.tokenizer_json}: malformed tokenizer.json ({type(e).__name__}: {e})",
+              file=sys.stderr)
         return 1
     except OSError as e:
         print(f"error: {args.out}: {e.strerror or e}", file=sys.stderr)
