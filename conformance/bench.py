@@ -99,6 +99,61 @@ def forward_bench(model_path: str, n_tokens: int = 32, repeat: int = 3) -> list[
     return out
 
 
+def sample_text(n_bytes: int = 100_000, seed: int = 0) -> str:
+    """Mixed text of about n_bytes UTF-8 bytes: the stress texts of specs/tokenizer_texts.yaml
+    shuffled and repeated (prose, code, digits, CJK, emoji, scripts, white space runs)."""
+    from mlconf import specs
+    texts = list(specs.load("tokenizer_texts")["texts"].values())
+    rng = np.random.default_rng(seed)
+    parts, size = [], 0
+    while size < n_bytes:
+        t = texts[int(rng.integers(len(texts)))]
+        parts.append(t)
+        size += len(t.encode()) + 1
+    return " ".join(parts)
+
+
+def tokenizer_bench(mlt_path: str, json_path: str | None = None, n_bytes: int = 100_000,
+                    repeat: int = 3) -> list[dict]:
+    """Reference encoder on one .mlt: load time, encode throughput (MB/s, ids/s, cold cache) on
+    ~n_bytes of mixed text, and HF tokenizers' single-thread throughput on the same text when
+    ``json_path`` and the `tokenizers` package are there."""
+    from mlconf.backends.reference.tokenizer import Encoder
+    from mlconf.tools import mlt
+
+    text = sample_text(n_bytes)
+    nb = len(text.encode())
+    t = time.perf_counter()
+    tok = mlt.read(mlt_path)
+    enc = Encoder(tok)
+    load = time.perf_counter() - t
+    ids: list[int] = []
+
+    def cold() -> None:
+        nonlocal ids
+        ids = Encoder(tok).encode(text)
+    te = _best(cold, repeat)
+    rows = [{"tokenizer": Path(mlt_path).name, "impl": "reference", "n_vocab": tok.n_vocab,
+             "load_s": load, "bytes": nb, "ids": len(ids), "MB_s": nb / te / 1e6, "ids_s": len(ids) / te}]
+    del enc
+    if json_path:
+        try:
+            import os
+
+            from tokenizers import Tokenizer
+        except ImportError:
+            return rows
+        os.environ.setdefault("RAYON_NUM_THREADS", "1")
+        hf = Tokenizer.from_file(json_path)
+        th = _best(lambda: hf.encode(text), repeat)
+        hf_ids = hf.encode(text).ids
+        rows.append({"tokenizer": Path(json_path).name, "impl": "HF tokenizers",
+                     "n_vocab": hf.get_vocab_size(), "load_s": float("nan"), "bytes": nb,
+                     "ids": len(hf_ids), "MB_s": nb / th / 1e6, "ids_s": len(hf_ids) / th})
+        rows[0]["same_ids_as_HF"] = ids == hf_ids
+    return rows
+
+
 def format_table(rows: list[dict]) -> str:
     return tabulate(rows, headers="keys", floatfmt=".4g")
 

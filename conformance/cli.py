@@ -10,6 +10,7 @@ import argparse
 import io
 import json
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -279,6 +280,20 @@ def cmd_bench(args) -> int:
     from mlconf.golden import GOLDEN_DIR
     if args.what in ("all", "quant"):
         print(bench.format_table(bench.quant_bench(rows=args.rows, cols=args.cols)))
+    if args.what in ("all", "tokenizer"):
+        if args.tokenizer_json:
+            pairs = [(args.tokenizer_json, args.tokenizer_json)]
+        else:
+            pairs = [(GOLDEN_DIR / "tokenizers" / f"{n}.json",) * 2 for n in ("llama3", "llama2")]
+        with tempfile.TemporaryDirectory(prefix="mlconf-bench-") as tmp:
+            for src, js in pairs:
+                from mlconf.tools import convert_tokenizer
+                out = Path(tmp) / (Path(src).stem + ".mlt")
+                try:
+                    convert_tokenizer.convert(src, out)
+                except (OSError, ValueError) as e:
+                    raise UsageError(f"{src}: {e}") from None
+                print(bench.format_table(bench.tokenizer_bench(str(out), str(js))))
     if args.what in ("all", "forward"):
         model = args.model or max((GOLDEN_DIR / "logits").glob("*.mlb"), key=lambda p: p.stat().st_size)
         if not Path(model).is_file():
@@ -366,10 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_convert_tokenizer)
 
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
-    p.add_argument("what", nargs="?", choices=["all", "quant", "forward"], default="all")
+    p.add_argument("what", nargs="?", choices=["all", "quant", "forward", "tokenizer"], default="all")
     p.add_argument("--rows", type=int, default=4096, help="quantizer matrix rows")
     p.add_argument("--cols", type=int, default=4096, help="quantizer matrix columns")
     p.add_argument("--model", help="forward: an .mlb (default: the largest golden model)")
+    p.add_argument("--tokenizer-json", help="tokenizer: a tokenizer.json to convert and time against HF "
+                   "tokenizers (default: the golden llama3 and llama2)")
     p.set_defaults(fn=cmd_bench)
     return ap
 

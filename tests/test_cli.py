@@ -202,3 +202,9 @@ def test_encode_decode_commands(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
     r = mlconf("encode", p, "--file", tmp_path / "bad.txt")
     assert r.returncode == 1 and "UTF-8" in r.stderr
+
+
+def test_bench_tokenizer_runs():
+    r = mlconf("bench", "tokenizer")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("reference") == 2 and "MB_s" in r.stdout
