@@ -403,6 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"mlconf: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a file the user named cannot be read or written
+        where = e.filename2 or e.filename
+        print(f"mlconf: error: {where or ''}: {e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

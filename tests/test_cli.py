@@ -208,3 +208,13 @@ def test_bench_tokenizer_runs():
     r = mlconf("bench", "tokenizer")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("reference") == 2 and "MB_s" in r.stdout
+
+
+def test_unwritable_outputs_are_errors_not_tracebacks(tmp_path):
+    np.save(tmp_path / "x.npy", np.ones(32, np.float32))
+    for args in (["fixtures", "/proc/mlconf-no-such-dir"],
+                 ["quantize", "--type", "q8_0", tmp_path / "x.npy", tmp_path]):
+        r = mlconf(*args)
+        assert r.returncode == 1 and r.stderr.startswith("mlconf: error:"), (args, r.stderr)
+        no_traceback(r)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]
