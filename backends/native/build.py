@@ -1,0 +1,94 @@
+"""Compile the native runtime (src/*.c) into a shared library exporting include/mlrt.h.
+
+    python backends/native/build.py [OUT.so] [--sanitize] [--m32] [--cc CC]
+
+Used by the package build (setup.py) and by the tests (sanitizer and -m32 builds). C11, no
+third-party libraries, -Wall -Wextra -Werror. The SIMD kernel files get their ISA flags only
+where they apply (kern_avx2.c on x86-64, kern_neon*.c on aarch64); the ISA is chosen at run
+time from the CPU's features, so one library serves every x86-64 machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE / "src"
+CFLAGS = ["-std=c11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-fvisibility=hidden"]
+ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
+    "kern_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
+    "kern_neon.c": (("aarch64", "arm64"), []),
+    "kern_neon_dotprod.c": (("aarch64", "arm64"), ["-march=armv8.2-a+dotprod"]),
+}
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def sources(machine: str | None = None) -> list[tuple[Path, list[str]]]:
+    """(source, extra flags) of the files that belong in a build for ``machine``."""
+    machine = machine or platform.machine()
+    out = []
+    for p in sorted(SRC.glob("*.c")):
+        where, flags = ISA_FLAGS.get(p.name, (None, []))
+        if where is not None and machine not in where:
+            continue
+        out.append((p, flags))
+    return out
+
+
+def build(out: str | Path, *, cc: str = "gcc", sanitize: bool = False, m32: bool = False,
+          machine: str | None = None, extra: list[str] | None = None) -> Path:
+    """Compile and link into ``out``; raises BuildError with the compiler's output."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.which(cc) is None:
+        raise BuildError(f"C compiler {cc!r} not found (the native backend needs gcc or clang)")
+    flags = list(CFLAGS) + (extra or [])
+    if sanitize:
+        flags = [f for f in flags if f != "-O2"] + ["-O1", "-g", "-fsanitize=address,undefined",
+                                                    "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+    if m32:
+        flags.append("-m32")
+        machine = "i686"
+    objs = []
+    build_dir = out.parent / f".{out.name}.obj"
+    build_dir.mkdir(exist_ok=True)
+    for src, isa in sources(machine):
+        obj = build_dir / (src.stem + ".o")
+        cmd = [cc, *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o", str(obj)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise BuildError(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
+        objs.append(str(obj))
+    link = [cc, *flags, "-shared", "-o", str(out), *objs, "-lm", "-lpthread"]
+    r = subprocess.run(link, capture_output=True, text=True)
+    if r.returncode:
+        raise BuildError(f"{' '.join(link)}\n{r.stdout}{r.stderr}")
+    shutil.rmtree(build_dir, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", nargs="?", default=str(HERE / "libmlrt.so"))
+    ap.add_argument("--sanitize", action="store_true", help="AddressSanitizer + UBSan build")
+    ap.add_argument("--m32", action="store_true", help="32-bit build (gcc-multilib)")
+    ap.add_argument("--cc", default="gcc")
+    args = ap.parse_args(argv)
+    try:
+        print(build(args.out, cc=args.cc, sanitize=args.sanitize, m32=args.m32))
+    except BuildError as e:
+        print(f"build.py: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

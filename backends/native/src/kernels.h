@@ -1,0 +1,46 @@
+/* kernels.h: the SIMD kernels of the native runtime, one table per ISA.
+ *
+ * Every table has the same functions; kern_scalar.c is the twin every SIMD version is tested
+ * against (tests/test_native_kernels.py): integer block sums and quantizer bytes must be
+ * identical, float results are compared with a tolerance. The ISA is chosen once, at the first
+ * call of ml_kernels() (CPU features) or by ml_set_isa(); it is the only global state.
+ */
+#ifndef MLRT_KERNELS_H
+#define MLRT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QK 32  /* values per block */
+
+typedef struct {
+    const char *name;  /* "scalar", "avx2", "neon", "neon-dotprod" */
+    /* Q8_0 of n floats (n % 32 == 0), f32 scales, the seed's float32 operations: activations. */
+    void (*quantize_q8_0)(const float *x, int n, int8_t *q, float *d);
+    /* Integer sums of nb blocks: out[b] = sum_j w[32b + j] * x[32b + j]. */
+    void (*isums_q8_0)(int nb, const int8_t *w, const int8_t *x, int32_t *out);
+    /* Q4_0 weights (16 bytes per block: element j low nibble, j + 16 high; value nibble - 8). */
+    void (*isums_q4_0)(int nb, const uint8_t *w, const int8_t *x, int32_t *out);
+    /* One row: sum_b wd[b] * xd[b] * isum_b, blocks in order (float accumulation may differ
+     * between ISAs: a tolerance, not bit-exactness). */
+    float (*dot_q8_0)(int nb, const int8_t *w, const float *wd, const int8_t *x, const float *xd);
+    float (*dot_q4_0)(int nb, const uint8_t *w, const float *wd, const int8_t *x, const float *xd);
+} ml_kernel_table;
+
+const ml_kernel_table *ml_kernels(void);            /* the table in use */
+const ml_kernel_table *ml_kernels_named(const char *name); /* NULL if not built or not runnable */
+
+extern const ml_kernel_table ml_kernels_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+extern const ml_kernel_table ml_kernels_avx2;        /* compiled with -mavx2 -mfma -mf16c */
+#endif
+#if defined(__aarch64__)
+extern const ml_kernel_table ml_kernels_neon;
+extern const ml_kernel_table ml_kernels_neon_dotprod; /* compiled with +dotprod */
+#endif
+
+/* f16 bits <-> f32, exact (round to nearest even for f32 -> f16). */
+float ml_f16_to_f32(uint16_t h);
+uint16_t ml_f32_to_f16(float f);
+
+#endif
