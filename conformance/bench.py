@@ -66,6 +66,28 @@ def quant_bench(rows: int = 4096, cols: int = 4096, repeat: int = 1, *,
     return out
 
 
+# SmolLM2-135M's shape (issue 5's bench model): random weights, shared classifier.
+SMOLLM2_135M = dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=1536, vocab=49152,
+                    max_seq=2048, rope_theta=100000.0, norm_eps=1e-5, shared_classifier=1)
+
+
+def write_bench_model(path: str | Path, wtype: str = "q8_0", seed: int = 0) -> Path:
+    """A SmolLM2-135M-shaped .mlb with random weights (N(0, 0.02), norms 1): Q8_0, or Q4_0 with
+    the round rule (llama.cpp's), so both runtimes can be given the same weights."""
+    from mlconf.tools import mlb
+
+    h = mlb.full_header({**SMOLLM2_135M, "wtype": 1 if wtype == "q8_0" else 2})
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name, (fmt, shape) in mlb.expected_arrays(h, None).items():
+        if fmt == "F32":
+            arrays[name] = np.ones(shape, np.float32)
+        else:
+            arrays[name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
+    mlb.write(path, h, arrays, q4_rule="round")
+    return Path(path)
+
+
 def forward_bench(model_path: str, n_tokens: int = 32, repeat: int = 3) -> list[dict]:
     """Reference forward speed on one model: prefill (one call) and decode (one token per call),
     tokens/s, in runtime and float semantics. Weight bytes / decode time gives the effective
