@@ -1,8 +1,9 @@
 """Backends and their registry (``mlconf.backends``).
 
-Names (DESIGN.md): ``reference``; later ``native``, ``native:scalar``, ``native:avx2``,
-``native:neon``, ``bitnet`` and ``lib:PATH``. A name is resolved by ``get``; ``builtin_names``
-lists the ones ``mlconf run`` uses when no backend is named.
+Names (DESIGN.md): ``reference``, ``native`` (the C runtime, best ISA), ``native:scalar``,
+``native:avx2``, ``native:neon`` (one ISA forced), ``lib:PATH`` (any shared library exporting
+backends/native/include/mlrt.h); later ``bitnet``. A name is resolved by ``get``;
+``builtin_names`` lists the ones ``mlconf run`` uses when no backend is named.
 """
 
 from __future__ import annotations
@@ -18,18 +19,26 @@ from .base import (
     LoadResult,
     ModelSession,
     Unsupported,
+    WorkerCrash,
+    WorkerTimeout,
 )
 
 __all__ = ["CAPABILITIES", "STATUSES", "Backend", "BackendError", "InputError", "LoadResult", "ModelSession",
-           "Unsupported",
+           "Unsupported", "WorkerCrash", "WorkerTimeout",
            "get", "builtin_names", "register"]
 
 _FACTORIES: dict[str, Callable[[str], Backend]] = {}
+_BUILTIN: dict[str, bool | Callable[[], bool]] = {}
 
 
-def register(name: str, factory: Callable[[str], Backend]) -> None:
-    """Register a backend name, or a prefix ending in ':' whose factory takes the whole name."""
+def register(name: str, factory: Callable[[str], Backend],
+             builtin: bool | Callable[[], bool] = True) -> None:
+    """Register a backend name, or a prefix ending in ':' whose factory takes the whole name.
+
+    ``builtin``: whether ``mlconf run`` uses it when no backend is named; a callable is asked
+    each time (``native`` is built in only when its library is built and loads)."""
     _FACTORIES[name] = factory
+    _BUILTIN[name] = builtin
 
 
 def _reference(_: str) -> Backend:
@@ -37,11 +46,35 @@ def _reference(_: str) -> Backend:
     return ReferenceBackend()
 
 
+def _native(name: str) -> Backend:
+    from .native import native_backend
+    return native_backend(name)
+
+
+def _native_available() -> bool:
+    from .native import native_available
+    return native_available()
+
+
+def _external(name: str) -> Backend:
+    from .external import external_backend
+    return external_backend(name)
+
+
 register("reference", _reference)
+register("native", _native, builtin=_native_available)
+for _isa in ("scalar", "avx2", "neon"):
+    register(f"native:{_isa}", _native, builtin=False)
+register("lib:", _external)
 
 
 def builtin_names() -> list[str]:
-    return [n for n in _FACTORIES if not n.endswith(":")]
+    out = []
+    for n in _FACTORIES:
+        b = _BUILTIN.get(n, True)
+        if not n.endswith(":") and (b() if callable(b) else b):
+            out.append(n)
+    return out
 
 
 def get(name: str) -> Backend:

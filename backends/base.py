@@ -36,6 +36,16 @@ class InputError(ValueError):
     """A valid model asked for something it cannot do (a token out of range, pos beyond ctx)."""
 
 
+class WorkerCrash(BackendError):
+    """The worker process of an isolated backend (native, lib:PATH) died during a call: killed by a
+    signal (the message names it, e.g. SIGSEGV) or exited. The next call starts a fresh worker."""
+
+
+class WorkerTimeout(BackendError):
+    """A call to an isolated backend's worker took longer than its timeout; the worker was killed
+    and the next call starts a fresh one."""
+
+
 @dataclass
 class LoadResult:
     status: str                 # one of STATUSES

@@ -176,6 +176,74 @@ def tokenizer_bench(mlt_path: str, json_path: str | None = None, n_bytes: int = 
     return rows
 
 
+def _bench_lib():
+    """The built native library, opened in this process for its mlrt_bench_* entry points."""
+    import cffi
+
+    from mlconf.backends.native import LIBRARY
+    if not LIBRARY.exists():
+        raise FileNotFoundError(f"{LIBRARY}: the native library is not built")
+    ffi = cffi.FFI()
+    ffi.cdef("""double mlrt_bench_read_bw(size_t bytes, int iters);
+        double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, int threads, int iters);
+        double mlrt_bench_kernel(const char *isa, const char *op, int n, int iters);""")
+    return ffi.dlopen(str(LIBRARY))
+
+
+def native_kernel_bench(isas: tuple[str, ...] = ("scalar", "avx2", "neon")) -> tuple[float, list[dict]]:
+    """(read GB/s of the C read kernel over 512 MB, rows): matvec GB/s of weight bytes per ISA,
+    type, shape and thread count against that bandwidth; in-cache ns per kernel call on 4096
+    values, and ns per 32 values."""
+    lib = _bench_lib()
+    bw = lib.mlrt_bench_read_bw(512 << 20, 3)
+    rows = []
+    for isa in isas:
+        if lib.mlrt_bench_matvec(isa.encode(), 1, 32, 32, 1, 1) < 0:
+            continue  # not runnable on this machine
+        for fmt, name, bpb in ((1, "Q8_0", 34), (2, "Q4_0", 18)):
+            for r, c in ((4096, 4096), (11008, 4096)):
+                wbytes = r * c // 32 * bpb
+                for threads in (1, 2):
+                    t = lib.mlrt_bench_matvec(isa.encode(), fmt, r, c, threads, 5)
+                    rows.append({"what": f"matvec {name} {r}x{c}", "isa": isa, "threads": threads,
+                                 "GB_s": wbytes / t / 1e9, "of_read_bw": wbytes / t / 1e9 / bw})
+        for op in ("quantize_q8_0", "dot_q8_0", "dot_q4_0"):
+            ns = lib.mlrt_bench_kernel(isa.encode(), op.encode(), 4096, 5)
+            rows.append({"what": f"{op} in cache (4096 values)", "isa": isa, "threads": 1,
+                         "ns_per_call": ns, "ns_per_32": ns / 128})
+    return bw, rows
+
+
+def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"), prompt: int = 64,
+                decode: int = 16, workdir: str | None = None) -> list[dict]:
+    """Decode and prefill tokens/s on the SmolLM2-135M-shaped random model, per backend and
+    weight type (in the same run), through each backend's own open_model/forward."""
+    import tempfile
+
+    from mlconf.backends import get
+
+    out = []
+    with tempfile.TemporaryDirectory(prefix="mlconf-bench-", dir=workdir) as tmp:
+        for wtype in wtypes:
+            path = write_bench_model(Path(tmp) / f"smollm2_135m_{wtype}.mlb", wtype)
+            toks = np.arange(prompt) % 49152
+            for name in backends:
+                s = get(name).open_model(str(path), ctx=prompt + decode)
+                try:
+                    t = time.perf_counter()
+                    s.forward(toks, 0)
+                    tp = time.perf_counter() - t
+                    t = time.perf_counter()
+                    for i in range(decode):
+                        s.forward(toks[i: i + 1], prompt + i)
+                    td = time.perf_counter() - t
+                finally:
+                    s.close()
+                out.append({"model": f"SmolLM2-135M shape {wtype}", "backend": name,
+                            f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td})
+    return out
+
+
 def format_table(rows: list[dict]) -> str:
     return tabulate(rows, headers="keys", floatfmt=".4g")
 

@@ -136,6 +136,12 @@ def _forward_cases() -> list[Case]:
                       "tolerance": "logits_runtime_vs_oracle"}
             out.append(Case(f"forward/{name}/{mode}", "forward", "forward", spec, "toleranced", params,
                             g["logits"]))
+        # cross-backend: the reference backend's runtime logits are the expectation (not run on it)
+        params = {"model": npz.with_suffix(".mlb"), "tokens": g["tokens"], "mode": "prefill",
+                  "tolerance": "logits_runtime_vs_reference", "expected_from": "reference"}
+        out.append(Case(f"forward/{name}/vs_reference", "forward", "forward",
+                        f"tolerances.yaml#logits_runtime_vs_reference (golden/logits/{name})", "toleranced",
+                        params, None))
     return out
 
 

@@ -43,12 +43,17 @@ def _backend(name: str):
 def cmd_backends(args) -> int:
     from mlconf.backends import CAPABILITIES, builtin_names
     caps = list(CAPABILITIES)
-    rows = []
+    rows, notes = [], []
     for n in builtin_names():
         b = _backend(n)
         rows.append([n] + ["yes" if c in b.capabilities else "-" for c in caps])
+        if getattr(b, "description", ""):
+            notes.append(f"{n}: {b.description}")
     print(tabulate(rows, headers=["backend"] + caps))
-    print("\nAlso: lib:PATH (a shared library with the C ABI) from the native issue on.")
+    if notes:
+        print("\n" + "\n".join(notes))
+    print("\nAlso: native:scalar, native:avx2, native:neon (the native runtime with one ISA forced) and "
+          "lib:PATH (any shared library exporting the C ABI of backends/native/include/mlrt.h).")
     return 0
 
 
@@ -149,7 +154,7 @@ def cmd_run(args) -> int:
 
     def progress(res):
         nonlocal failed
-        if res.outcome in ("fail", "error"):
+        if res.outcome in ("fail", "error", "crash", "timeout"):
             failed += 1
             print(f"{res.outcome.upper()} {res.backend} {res.case}: {res.detail}", file=sys.stderr)
 

@@ -2,7 +2,9 @@
 
 One path for every caller: `mlconf run`, the pytest plugin and the tests all go through
 run_case(). Outcomes: pass, fail, unsupported (the backend lacks the capability or the variant),
-error (the backend raised or returned something malformed).
+error (the backend raised or returned something malformed), crash (the worker process of an
+isolated backend died: the detail names the signal and the call) and timeout (the call took longer
+than the backend's timeout and its worker was killed).
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from mlconf import fixtures
-from mlconf.backends import STATUSES, Backend, Unsupported
+from mlconf.backends import STATUSES, Backend, Unsupported, WorkerCrash, WorkerTimeout
 from mlconf.cases import Case
 from mlconf.compare import distances, within
 
-OUTCOMES = ("pass", "fail", "unsupported", "error")
+OUTCOMES = ("pass", "fail", "unsupported", "error", "crash", "timeout")
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Workdir:
             root = self._tmp.name
         self.root = Path(root)
         self._written = False
+        self._expected: dict[str, np.ndarray] = {}
 
     def path(self, fixture: fixtures.Fixture) -> Path:
         if not self._written:
@@ -62,6 +65,14 @@ class Workdir:
             out.parent.mkdir(parents=True, exist_ok=True)
             convert_tokenizer.convert(golden, out)
         return out
+
+    def expected_logits(self, case: Case) -> np.ndarray:
+        """A cross-backend case's expectation: the reference backend's logits, computed once."""
+        key = case.id
+        if key not in self._expected:
+            from mlconf.backends.reference import ReferenceBackend
+            self._expected[key] = _run_forward(case, ReferenceBackend())
+        return self._expected[key]
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -136,7 +147,8 @@ def _ids_detail(case: Case, work: Workdir, got: list[int], i: int) -> str:
 def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
     r = Result(case.id, case.area, case.spec, backend.name, "error", case.compare, case.expected)
     if case.capability not in backend.capabilities:
-        r.outcome, r.detail = "unsupported", f"backend has no {case.capability} capability"
+        why = getattr(backend, "unsupported", {}).get(case.capability)  # e.g. a symbol a lib: lacks
+        r.outcome, r.detail = "unsupported", why or f"backend has no {case.capability} capability"
         return r
     try:
         if case.compare == "status":
@@ -172,7 +184,8 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
             if first is not None:
                 r.metrics = {"first_diff": first}
         elif case.compare == "toleranced":
-            r.metrics = distances(_run_forward(case, backend), case.expected)
+            want = case.expected if case.expected is not None else work.expected_logits(case)
+            r.metrics = distances(_run_forward(case, backend), want)
             ok, over = within(case.params["tolerance"], r.metrics)
             r.outcome = "pass" if ok else "fail"
             r.got = "within" if ok else "outside"
@@ -188,6 +201,10 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
             r.detail = "; ".join(s for s in (dq, dd) if s)
     except Unsupported as e:
         r.outcome, r.detail = "unsupported", str(e) or "unsupported variant"
+    except WorkerCrash as e:  # "worker killed by SIGSEGV during load('...')"
+        r.outcome, r.detail = "crash", str(e)
+    except WorkerTimeout as e:
+        r.outcome, r.detail = "timeout", str(e)
     except Exception as e:  # a backend bug is a result, not a crash of the harness
         r.outcome, r.detail = "error", f"{type(e).__name__}: {e}"
     return r
@@ -201,6 +218,8 @@ def run(cases: Iterable[Case], backends: Iterable[Backend], work: Workdir | None
     try:
         for b in backends:
             for c in cases:
+                if c.params.get("expected_from") == b.name:
+                    continue  # a backend is not compared with itself
                 res = run_case(c, b, work)
                 results.append(res)
                 if progress:

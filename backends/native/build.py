@@ -31,6 +31,22 @@ class BuildError(RuntimeError):
     pass
 
 
+def _m32_asm_include(where: Path) -> list[str]:
+    """Debian's gcc-multilib meta package, which conflicts with the aarch64 cross compiler, only
+    adds the link /usr/include/asm -> x86_64-linux-gnu/asm; without it <errno.h> fails under
+    -m32. Give the compiler that link in a folder of ours instead."""
+    system = Path("/usr/include/asm")
+    target = Path("/usr/include/x86_64-linux-gnu/asm")
+    if system.exists() or not target.exists():
+        return []
+    inc = where / ".m32-include"
+    inc.mkdir(exist_ok=True)
+    link = inc / "asm"
+    if not link.exists():
+        link.symlink_to(target)
+    return ["-idirafter", str(inc)]
+
+
 def sources(machine: str | None = None) -> list[tuple[Path, list[str]]]:
     """(source, extra flags) of the files that belong in a build for ``machine``."""
     machine = machine or platform.machine()
@@ -57,6 +73,7 @@ def build(out: str | Path, *, cc: str = "gcc", sanitize: bool = False, m32: bool
     if m32:
         flags.append("-m32")
         machine = "i686"
+        flags += _m32_asm_include(out.parent)
     objs = []
     build_dir = out.parent / f".{out.name}.obj"
     build_dir.mkdir(exist_ok=True)

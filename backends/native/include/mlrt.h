@@ -67,6 +67,8 @@ int ml_quantize_q8_0(const float *x, size_t n, int f16, int8_t *q, void *d);
 /* ---------------------------------------------------------------- tokenizers (.mlt) */
 typedef struct ml_tokenizer ml_tokenizer;
 
+/* model_vocab: the vocab of the model the tokenizer goes with (n_vocab above it is ML_E_SHAPE);
+ * 0 or negative: no model given. */
 int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason, size_t reason_len);
 void ml_tok_free(ml_tokenizer *t);
 /* Encode UTF-8 text: ids receives at most cap ids; *n_out the number needed (ML_E_ARG if > cap). */

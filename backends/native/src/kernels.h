@@ -1,8 +1,8 @@
 /* kernels.h: the SIMD kernels of the native runtime, one table per ISA.
  *
  * Every table has the same functions; kern_scalar.c is the twin every SIMD version is tested
- * against (tests/test_native_kernels.py): integer block sums and quantizer bytes must be
- * identical, float results are compared with a tolerance. The ISA is chosen once, at the first
+ * against (tests/test_native_kernels.py): quantizer bytes, integer block sums and the dots are
+ * identical on every ISA (the dots fix their summation order, see dot_q8_0). The ISA is chosen once, at the first
  * call of ml_kernels() (CPU features) or by ml_set_isa(); it is the only global state.
  */
 #ifndef MLRT_KERNELS_H
@@ -21,8 +21,9 @@ typedef struct {
     void (*isums_q8_0)(int nb, const int8_t *w, const int8_t *x, int32_t *out);
     /* Q4_0 weights (16 bytes per block: element j low nibble, j + 16 high; value nibble - 8). */
     void (*isums_q4_0)(int nb, const uint8_t *w, const int8_t *x, int32_t *out);
-    /* One row: sum_b wd[b] * xd[b] * isum_b, blocks in order (float accumulation may differ
-     * between ISAs: a tolerance, not bit-exactness). */
+    /* One row: sum_b (wd[b] * xd[b]) * isum_b, two roundings per term, no FMA; lane k sums
+     * the blocks b = k (mod 4), then (l0 + l1) + (l2 + l3), then the leftover blocks in order,
+     * on every ISA (so the scalar twin gives the same bits). */
     float (*dot_q8_0)(int nb, const int8_t *w, const float *wd, const int8_t *x, const float *xd);
     float (*dot_q4_0)(int nb, const uint8_t *w, const float *wd, const int8_t *x, const float *xd);
 } ml_kernel_table;

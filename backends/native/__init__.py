@@ -1,0 +1,325 @@
+"""The native backend: the C runtime of src/ (libmlrt.so, built by `pip install`), and through the
+same class any shared library exporting include/mlrt.h (``lib:PATH``, mlconf.backends.external).
+
+Every call goes to a worker process that owns the dlopen'ed library (worker.py), so a crash is a
+WorkerCrash naming the signal and a hang a WorkerTimeout, and the harness goes on. Capabilities
+come from the symbols the library exports (abi.CAPABILITY_SYMBOLS). Names:
+  native          libmlrt.so with the best ISA of this machine (ml_isa() says which)
+  native:ISA      ISA forced with ml_set_isa (scalar, avx2, neon); an ISA this machine cannot run
+                  leaves the backend with no capability, so every case is unsupported, with why
+  lib:PATH        any library (mlconf.backends.external)
+Nothing here imports the reference backend: the cross-check stays independent.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from ..base import CAPABILITIES, BackendError, InputError, LoadResult, Unsupported
+from . import abi
+
+HERE = Path(__file__).resolve().parent
+LIBRARY = HERE / "libmlrt.so"      # pip install builds it here (editable installs: in the source tree)
+ISAS = ("scalar", "avx2", "neon")
+DEFAULT_TIMEOUT = 60.0             # seconds per call; MLCONF_WORKER_TIMEOUT overrides it
+TIMEOUT_ENV = "MLCONF_WORKER_TIMEOUT"
+INT32 = (-2**31, 2**31 - 1)
+
+
+def default_timeout() -> float:
+    v = os.environ.get(TIMEOUT_ENV)
+    if not v:
+        return DEFAULT_TIMEOUT
+    try:
+        t = float(v)
+    except ValueError:
+        raise BackendError(f"{TIMEOUT_ENV}={v!r} is not a number of seconds") from None
+    if not t > 0:
+        raise BackendError(f"{TIMEOUT_ENV}={v!r} must be above 0")
+    return t
+
+
+def _int32(v: int, what: str) -> int:
+    v = int(v)
+    if not INT32[0] <= v <= INT32[1]:
+        raise InputError(f"{what} {v} does not fit the ABI's int32_t")
+    return v
+
+
+class LibraryBackend:
+    """A library with the mlrt.h ABI, run in a worker process. ``timeout`` (seconds per call) may
+    be changed at any time; ``threads`` is given to ml_load (0: the number of cores)."""
+
+    def __init__(self, name: str, lib_path: str | Path, isa: str | None = None,
+                 timeout: float | None = None, threads: int = 0):
+        from .worker import Worker
+        self.name = name
+        self.lib_path = str(lib_path)
+        self.threads = threads
+        self._lock = threading.Lock()
+        self._worker = Worker(self.lib_path, isa, timeout or default_timeout())
+        info = self._worker.start()          # BackendError if it cannot be loaded
+        self.symbols = frozenset(info["symbols"])
+        self.version, self.isa = info["version"], info["isa"]
+        if info["isa_error"]:
+            why = (f"{name}: ISA {isa} is not available in this library on this machine "
+                   f"({platform.machine()}): {info['isa_error']}")
+            self.capabilities: frozenset[str] = frozenset()
+            self.unsupported = {c: why for c in CAPABILITIES}
+            self.description = why
+            self._worker.stop()
+            return
+        self.capabilities = frozenset(c for c, syms in abi.CAPABILITY_SYMBOLS.items()
+                                      if all(s in self.symbols for s in syms))
+        self.unsupported = {
+            c: f"{self.lib_path} does not export {', '.join(s for s in syms if s not in self.symbols)}"
+            for c, syms in abi.CAPABILITY_SYMBOLS.items() if c not in self.capabilities}
+        self.unsupported["quantize_q4_0"] = "the C ABI (mlrt.h) has no Q4_0 quantizer"
+        self.description = ", ".join(s for s in (self.version, f"ISA {self.isa}" if self.isa else "",
+                                                  self.lib_path) if s)
+
+    # -- plumbing
+    @property
+    def timeout(self) -> float:
+        return self._worker.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._worker.timeout = float(seconds)
+
+    @property
+    def epoch(self) -> int:
+        return self._worker.epoch
+
+    def _need(self, capability: str) -> None:
+        if capability not in self.capabilities:
+            raise Unsupported(self.unsupported.get(capability, f"no {capability} capability"))
+
+    def _call(self, desc: str, op: str, *args):
+        with self._lock:
+            return self._worker.call(desc, op, *args)
+
+    def close(self) -> None:
+        """Stop the worker (a later call starts a new one)."""
+        self._worker.stop()
+
+    def __repr__(self) -> str:
+        return f"<LibraryBackend {self.name} {self.lib_path}>"
+
+    # -- the Backend protocol
+    def load(self, path: str) -> LoadResult:
+        self._need("load")
+        st, reason = self._call(f"load({str(path)!r})", "check", str(path))
+        if st == abi.ML_E_UNSUPPORTED:
+            raise Unsupported(reason or "ml_check returned ML_E_UNSUPPORTED")
+        return LoadResult(abi.status_name(st), reason)
+
+    def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
+        self._need("quantize_q8_0")
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            raise ValueError(f"input must be float32 (the ABI takes float), got {x.dtype}")
+        if x.ndim == 0 or (x.ndim > 1 and x.shape[-1] % 32):
+            raise ValueError(f"shape {x.shape}: the last dimension must be a multiple of 32")
+        st, q, d = self._call(f"quantize_q8_0(float32{list(x.shape)}, f16={bool(f16)})", "quantize_q8_0",
+                              x, bool(f16))
+        if st == abi.ML_E_ARG:
+            raise ValueError(f"ml_quantize_q8_0 refused the input (ML_E_ARG): {_q8_problem(x, f16)}")
+        if st == abi.ML_E_UNSUPPORTED:
+            raise Unsupported("ml_quantize_q8_0 returned ML_E_UNSUPPORTED")
+        if st != abi.ML_OK:
+            raise BackendError(f"ml_quantize_q8_0 returned {abi.status_name(st)}")
+        if f16:
+            d = d.view(np.float16)
+        return q.reshape(x.shape), d.reshape(*x.shape[:-1], -1)
+
+    def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
+                      importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        raise Unsupported(self.unsupported.get("quantize_q4_0", "no Q4_0 quantizer"))
+
+    def open_model(self, path: str, ctx: int | None = None) -> ModelSession:
+        self._need("forward")
+        ctx32 = _int32(ctx or 0, "ctx")
+        st, h, reason, vocab, ctx_out = self._call(f"open_model({str(path)!r}, ctx={ctx})", "load", str(path),
+                                                   ctx32, _int32(self.threads, "threads"))
+        if st == abi.ML_E_UNSUPPORTED:
+            raise Unsupported(reason or "ml_load returned ML_E_UNSUPPORTED")
+        if st != abi.ML_OK:
+            raise InputError(f"{path}: ml_load returned {abi.status_name(st)}: {reason}")
+        if h is None:
+            raise BackendError(f"{path}: ml_load returned ML_OK and no model")
+        return ModelSession(self, h, vocab, ctx_out, str(path))
+
+    def load_tokenizer(self, path: str, model_vocab: int | None = None) -> LoadResult:
+        self._need("load_tokenizer")
+        mv = _int32(model_vocab or 0, "model_vocab")   # 0: no model vocabulary to check against
+        st, reason = self._call(f"load_tokenizer({str(path)!r}, model_vocab={model_vocab})", "tok_check",
+                                str(path), mv)
+        if st == abi.ML_E_UNSUPPORTED:
+            raise Unsupported(reason or "ml_tok_load returned ML_E_UNSUPPORTED")
+        return LoadResult(abi.status_name(st), reason)
+
+    def open_tokenizer(self, path: str) -> TokenizerSession:
+        self._need("encode")
+        st, h, reason = self._call(f"open_tokenizer({str(path)!r})", "tok_load", str(path), 0)
+        if st == abi.ML_E_UNSUPPORTED:
+            raise Unsupported(reason or "ml_tok_load returned ML_E_UNSUPPORTED")
+        if st != abi.ML_OK:
+            raise InputError(f"{path}: ml_tok_load returned {abi.status_name(st)}: {reason}")
+        if h is None:
+            raise BackendError(f"{path}: ml_tok_load returned ML_OK and no tokenizer")
+        return TokenizerSession(self, h, str(path))
+
+
+def _q8_problem(x: np.ndarray, f16: bool) -> str:
+    """What in the input the quantizer must refuse (the ABI returns a status, not a reason)."""
+    flat = x.reshape(-1)
+    if flat.size % 32:
+        return f"{flat.size} values is not a multiple of 32"
+    bad = np.flatnonzero(~np.isfinite(flat))
+    if bad.size:
+        return f"non-finite value {flat[bad[0]]} at flat index {int(bad[0])}"
+    if f16:
+        d = np.abs(flat.reshape(-1, 32)).max(axis=1) / np.float32(127)
+        big = np.flatnonzero(d > np.float32(65504))
+        if big.size:
+            i = int(big[0])
+            return f"block {i}: scale {float(d[i])!r} is above 65504 and cannot be stored as f16"
+    return "no rule of specs/quant.yaml refuses this input"
+
+
+class _Handle:
+    """An object living in the worker; valid while the worker that made it lives."""
+
+    def __init__(self, backend: LibraryBackend, handle: int, path: str):
+        self.backend, self.handle, self.path = backend, handle, path
+        self.epoch = backend.epoch
+        self.closed = False
+
+    def _live(self) -> None:
+        if self.closed:
+            raise BackendError(f"{self.path}: used after close()")
+        if self.epoch != self.backend.epoch or not self.backend._worker.alive():
+            raise BackendError(f"{self.path}: the worker that held it has ended (after a crash or a "
+                               "timeout); open it again")
+
+    def _free(self, op: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.epoch == self.backend.epoch and self.backend._worker.alive():
+            self.backend._call(f"close({self.path!r})", op, self.handle)
+
+
+class ModelSession(_Handle):
+    def __init__(self, backend: LibraryBackend, handle: int, vocab: int, ctx: int, path: str):
+        super().__init__(backend, handle, path)
+        self.vocab, self.ctx = vocab, ctx
+
+    def forward(self, tokens: np.ndarray, pos: int) -> np.ndarray:
+        self._live()
+        t = np.asarray(tokens)
+        if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
+            raise InputError(f"tokens must be a 1-D integer array, got {t.dtype}{list(t.shape)}")
+        if t.size and (t.min() < INT32[0] or t.max() > INT32[1]):
+            raise InputError("a token id does not fit the ABI's int32_t")
+        pos = _int32(pos, "pos")
+        st, logits = self.backend._call(f"forward({self.path!r}, tokens[{t.size}], pos={pos})", "forward",
+                                        self.handle, t.astype(np.int32), pos)
+        if st == abi.ML_E_ARG:
+            raise InputError(f"ml_forward refused {t.size} token(s) at pos {pos} (ML_E_ARG): a token "
+                             f"outside [0, {self.vocab}), or pos beyond the positions fed, or pos + n above "
+                             f"ctx {self.ctx}")
+        if st != abi.ML_OK:
+            raise BackendError(f"ml_forward returned {abi.status_name(st)}")
+        return logits
+
+    def reset(self) -> None:
+        self._live()
+        self.backend._call(f"reset({self.path!r})", "reset", self.handle)
+
+    def close(self) -> None:
+        self._free("free")
+
+
+class TokenizerSession(_Handle):
+    def encode(self, text: str) -> list[int]:
+        self._live()
+        data = text.encode("utf-8", "surrogatepass")
+        st, ids = self.backend._call(f"encode({self.path!r}, {len(data)} bytes)", "tok_encode", self.handle,
+                                     data)
+        if st != abi.ML_OK:
+            raise BackendError(f"ml_tok_encode returned {abi.status_name(st)}")
+        return [int(i) for i in ids]
+
+    def decode(self, ids: list[int]) -> bytes:
+        self._live()
+        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if a.size and (a.min() < INT32[0] or a.max() > INT32[1]):
+            raise InputError("an id does not fit the ABI's int32_t")
+        st, out = self.backend._call(f"decode({self.path!r}, ids[{a.size}])", "tok_decode", self.handle,
+                                     a.astype(np.int32))
+        if st == abi.ML_E_ARG:
+            raise InputError("ml_tok_decode refused the ids (ML_E_ARG): an id outside the vocabulary")
+        if st != abi.ML_OK:
+            raise BackendError(f"ml_tok_decode returned {abi.status_name(st)}")
+        return out
+
+    def close(self) -> None:
+        self._free("tok_free")
+
+
+# ---------------------------------------------------------------- the names native, native:ISA
+_SPARE: dict[str, LibraryBackend] = {}   # the backend native_available() started, for the next get
+
+
+def _stale_sources() -> list[str]:
+    """C sources newer than the library (a developer edited C and did not rebuild). Source trees
+    only: an installed package's file times say nothing about the build."""
+    if not LIBRARY.exists() or not (HERE.parents[1] / "pyproject.toml").exists():
+        return []
+    built = LIBRARY.stat().st_mtime
+    sources = [*HERE.glob("src/*.[ch]"), *HERE.glob("include/*.h")]
+    return [p.name for p in sources if p.stat().st_mtime > built]
+
+
+def native_backend(name: str) -> LibraryBackend:
+    """The backend ``native`` or ``native:ISA``."""
+    isa = name.split(":", 1)[1] if ":" in name else None
+    if isa is not None and isa not in ISAS:
+        raise BackendError(f"unknown ISA {isa!r} in {name!r}; known: {', '.join(ISAS)}")
+    spare = _SPARE.pop(name, None)
+    if spare is not None:
+        return spare
+    if not LIBRARY.exists():
+        raise BackendError(f"{name}: the native library {LIBRARY} is not built; `pip install .` builds it, "
+                           "and in a source tree `python backends/native/build.py` rebuilds it")
+    stale = _stale_sources()
+    if stale:
+        warnings.warn(f"{LIBRARY} is older than {', '.join(sorted(stale))}: rebuild it with "
+                      "`python backends/native/build.py` (or reinstall)", stacklevel=2)
+    return LibraryBackend(name, LIBRARY, isa=isa)
+
+
+def native_available() -> bool:
+    """Whether ``native`` is built and loads (``mlconf run`` then uses it by default)."""
+    if "native" in _SPARE:
+        return True
+    if not LIBRARY.exists():
+        return False
+    try:
+        _SPARE["native"] = native_backend("native")
+    except BackendError as e:
+        warnings.warn(f"the native backend is left out: {e}", stacklevel=2)
+        return False
+    return True
+
+
+__all__ = ["LIBRARY", "ISAS", "LibraryBackend", "ModelSession", "TokenizerSession", "native_backend",
+           "native_available", "default_timeout"]

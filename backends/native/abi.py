@@ -1,0 +1,71 @@
+"""The C ABI of include/mlrt.h as cffi sees it (ABI mode: ffi.cdef + ffi.dlopen, no compiler).
+
+CDEF repeats the declarations of mlrt.h; tests/test_native_backend.py checks that every function
+of the header is declared here with the same prototype. A library may omit a group of functions:
+CAPABILITY_SYMBOLS says which symbols each backend capability needs.
+"""
+
+from __future__ import annotations
+
+CDEF = """
+#define ML_OK 0
+#define ML_E_IO 1
+#define ML_E_FORMAT 2
+#define ML_E_SHAPE 3
+#define ML_E_ARG 4
+#define ML_E_NOMEM 5
+#define ML_E_UNSUPPORTED 6
+
+const char *ml_version(void);
+const char *ml_isa(void);
+int ml_set_isa(const char *isa);
+
+typedef struct ml_model ml_model;
+int ml_check(const char *path, char *reason, size_t reason_len);
+int ml_load(const char *path, int32_t ctx, int32_t threads, ml_model **out, char *reason, size_t reason_len);
+void ml_free(ml_model *m);
+void ml_reset(ml_model *m);
+int32_t ml_vocab(const ml_model *m);
+int32_t ml_ctx(const ml_model *m);
+int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
+int ml_imatrix_start(ml_model *m);
+int ml_imatrix_get(const ml_model *m, double *sums, size_t n, uint64_t *tokens, uint64_t *tokens_cls);
+
+int ml_quantize_q8_0(const float *x, size_t n, int f16, int8_t *q, void *d);
+
+typedef struct ml_tokenizer ml_tokenizer;
+int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason, size_t reason_len);
+void ml_tok_free(ml_tokenizer *t);
+int ml_tok_encode(const ml_tokenizer *t, const char *text, size_t len, int32_t *ids, size_t cap,
+                  size_t *n_out);
+int ml_tok_decode(const ml_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
+                  size_t *len_out);
+"""
+
+FUNCTIONS = (
+    "ml_version", "ml_isa", "ml_set_isa",
+    "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx", "ml_forward",
+    "ml_imatrix_start", "ml_imatrix_get",
+    "ml_quantize_q8_0",
+    "ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode",
+)
+
+STATUS_NAMES = {0: "ML_OK", 1: "ML_E_IO", 2: "ML_E_FORMAT", 3: "ML_E_SHAPE", 4: "ML_E_ARG",
+                5: "ML_E_NOMEM", 6: "ML_E_UNSUPPORTED"}
+ML_OK, ML_E_ARG, ML_E_UNSUPPORTED = 0, 4, 6
+
+# Backend capability -> the symbols it needs (mlconf.backends.CAPABILITIES). quantize_q4_0 is not
+# in the ABI: the Q4_0 quantizer is the converter's business, not a runtime's.
+CAPABILITY_SYMBOLS: dict[str, tuple[str, ...]] = {
+    "load": ("ml_check",),
+    "quantize_q8_0": ("ml_quantize_q8_0",),
+    "forward": ("ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_forward"),
+    "load_tokenizer": ("ml_tok_load", "ml_tok_free"),
+    "encode": ("ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode"),
+}
+
+REASON_LEN = 1024  # bytes of the reason buffers given to ml_check, ml_load and ml_tok_load
+
+
+def status_name(code: int) -> str:
+    return STATUS_NAMES.get(code, f"status {code}")

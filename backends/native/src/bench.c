@@ -1,0 +1,155 @@
+/* bench.c: measurement entry points for `mlconf bench` (not part of the runtime's ABI).
+ *
+ * mlrt_bench_read_bw   the machine's read bandwidth: sum a buffer far larger than the caches
+ * mlrt_bench_matvec    matrix-vector products of one ISA and weight type, rows over threads
+ * mlrt_bench_kernel    in-cache cost of one kernel on 4096 values (ns per call)
+ * Timings are the best of `iters` runs (CLOCK_MONOTONIC); results only, no printing.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A cheap deterministic generator for bench data (values only matter for not being zero). */
+static uint32_t next(uint32_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 17;
+    *s ^= *s << 5;
+    return *s;
+}
+
+/* Read bandwidth in GB/s: 8 independent 64-bit sums over `bytes` (the compiler vectorizes it),
+ * so the loop is bound by memory, not by a dependency chain. */
+ML_API double mlrt_bench_read_bw(size_t bytes, int iters) {
+    size_t n = bytes / sizeof(uint64_t);
+    uint64_t *buf = malloc(n * sizeof(uint64_t));
+    if (!buf) return -1.0;
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    double best = 1e30;
+    volatile uint64_t sink = 0;
+    for (int it = 0; it < iters; it++) {
+        double t0 = now();
+        uint64_t acc[8] = {0};
+        for (size_t i = 0; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) acc[k] += buf[i + k];
+        double dt = now() - t0;
+        for (int k = 0; k < 8; k++) sink += acc[k];
+        if (dt < best) best = dt;
+    }
+    (void)sink;
+    free(buf);
+    return (double)(n * sizeof(uint64_t)) / best / 1e9;
+}
+
+typedef struct {
+    const ml_kernel_table *k;
+    int fmt, nb;
+    const uint8_t *w;      /* rows of nb blocks: 32 bytes (Q8_0) or 16 bytes (Q4_0) per block */
+    const float *wd;
+    const int8_t *x;
+    const float *xd;
+    float *y;
+} matvec_job;
+
+static void matvec_rows(void *arg, int64_t r0, int64_t r1) {
+    const matvec_job *j = arg;
+    size_t row_bytes = (size_t)j->nb * (j->fmt == ML_FMT_Q8_0 ? 32u : 16u);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *w = j->w + (size_t)r * row_bytes;
+        const float *wd = j->wd + (size_t)r * (size_t)j->nb;
+        j->y[r] = j->fmt == ML_FMT_Q8_0 ? j->k->dot_q8_0(j->nb, (const int8_t *)w, wd, j->x, j->xd)
+                                        : j->k->dot_q4_0(j->nb, w, wd, j->x, j->xd);
+    }
+}
+
+/* Seconds per matrix-vector product (best of iters); fmt ML_FMT_Q8_0 or ML_FMT_Q4_0; negative
+ * on an ISA that cannot run here or a failed allocation. The caller divides weight bytes by it. */
+ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, int threads, int iters) {
+    const ml_kernel_table *k = ml_kernels_named(isa);
+    if (!k || cols % QK || rows <= 0 || (fmt != ML_FMT_Q8_0 && fmt != ML_FMT_Q4_0)) return -1.0;
+    int nb = cols / QK;
+    size_t wbytes = (size_t)rows * (size_t)nb * (fmt == ML_FMT_Q8_0 ? 32u : 16u);
+    uint8_t *w = malloc(wbytes);
+    float *wd = malloc((size_t)rows * (size_t)nb * sizeof(float));
+    int8_t *x = malloc((size_t)cols);
+    float *xd = malloc((size_t)nb * sizeof(float));
+    float *y = malloc((size_t)rows * sizeof(float));
+    struct ml_pool *pool = ml_pool_new(threads);
+    double best = -1.0;
+    if (w && wd && x && xd && y && pool) {
+        uint32_t s = 12345u;
+        for (size_t i = 0; i < wbytes; i++) w[i] = (uint8_t)(int8_t)((int)(next(&s) % 255u) - 127);  /* no -128 */
+        for (size_t i = 0; i < (size_t)rows * (size_t)nb; i++) wd[i] = 1e-3f * (float)(next(&s) % 100u);
+        for (int i = 0; i < cols; i++) x[i] = (int8_t)((int)(next(&s) % 255u) - 127);
+        for (int i = 0; i < nb; i++) xd[i] = 1e-2f;
+        matvec_job job = {k, fmt, nb, w, wd, x, xd, y};
+        best = 1e30;
+        for (int it = 0; it < iters; it++) {
+            double t0 = now();
+            ml_pool_run(pool, rows, matvec_rows, &job);
+            double dt = now() - t0;
+            if (dt < best) best = dt;
+        }
+    }
+    if (pool) ml_pool_free(pool);
+    free(w);
+    free(wd);
+    free(x);
+    free(xd);
+    free(y);
+    return best;
+}
+
+/* Nanoseconds per call of one kernel on n values (in cache): op "quantize_q8_0", "dot_q8_0",
+ * "dot_q4_0". Negative if the ISA or op is unknown. */
+ML_API double mlrt_bench_kernel(const char *isa, const char *op, int n, int iters) {
+    const ml_kernel_table *k = ml_kernels_named(isa);
+    if (!k || n <= 0 || n % QK) return -1.0;
+    int nb = n / QK;
+    float *xf = malloc((size_t)n * sizeof(float));
+    int8_t *q = malloc((size_t)n);
+    uint8_t *w = malloc((size_t)n);
+    float *d = malloc((size_t)nb * sizeof(float));
+    double best = -1.0;
+    if (xf && q && w && d) {
+        uint32_t s = 777u;
+        for (int i = 0; i < n; i++) xf[i] = (float)((int)(next(&s) % 2001u) - 1000) * 1e-3f;
+        for (int i = 0; i < n; i++) w[i] = (uint8_t)(int8_t)((int)(next(&s) % 255u) - 127);
+        k->quantize_q8_0(xf, n, q, d);
+        int which = !strcmp(op, "quantize_q8_0") ? 0
+                  : !strcmp(op, "dot_q8_0")    ? 1
+                  : !strcmp(op, "dot_q4_0")    ? 2
+                                               : -1;
+        if (which >= 0) {
+            volatile float sink = 0.0f;
+            best = 1e30;
+            int reps = 2000;
+            for (int it = 0; it < iters; it++) {
+                double t0 = now();
+                for (int r = 0; r < reps; r++) {
+                    if (which == 0) k->quantize_q8_0(xf, n, q, d);
+                    else if (which == 1) sink += k->dot_q8_0(nb, (const int8_t *)w, d, q, d);
+                    else sink += k->dot_q4_0(nb, w, d, q, d);
+                }
+                double dt = (now() - t0) / reps;
+                if (dt < best) best = dt;
+            }
+            (void)sink;
+            best *= 1e9;
+        }
+    }
+    free(xf);
+    free(q);
+    free(w);
+    free(d);
+    return best;
+}

@@ -1,0 +1,681 @@
+/* forward.c: the forward pass of an MLB v1 model in runtime semantics (specs/forward.yaml),
+ * meant to be read top to bottom like llama2.c:
+ *
+ *   state       KV cache per attention layer, conv inputs and S per linear layer, scratch
+ *   RoPE        inverse frequencies and angles in double, as the reference computes them
+ *   small ops   rmsnorm, activations, softcap
+ *   matmul      each input row quantized to Q8_0 once, then every weight row dotted with every
+ *               token of the chunk (one pass over the weights per chunk), rows split over the pool
+ *   layers      attention, linear attention (the gated delta rule), FFN
+ *   ml_forward  argument checks, then the tokens in chunks of at most CHUNK
+ *
+ * Every output element is computed by the same operations in the same order whatever the chunk
+ * boundaries or the number of threads, so one token at a time equals a batch, and threads=1
+ * equals threads=N, bit for bit. Against the NumPy reference the float operations are the same
+ * and in the same order where it matters (norm sums in NumPy's pairwise order, RoPE tables in
+ * double); what remains is the order of other float sums and the last bit of libm's expf and
+ * tanhf against NumPy's, a tolerance (tests/test_native_forward.py).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward.h"
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+
+#define CHUNK 64 /* tokens per pass over the weights: bounds the scratch */
+#define PI 3.14159265358979323846
+
+/* ------------------------------------------------------------------ state */
+typedef struct {
+    float *k, *v;   /* attention layer: ctx x kv_dim keys (rotated) and values */
+    float *conv;    /* linear layer: the last lin_conv - 1 convolution inputs, lin_qkv each */
+    float *S;       /* linear layer: V x dk x dv recurrent state */
+} layer_state;
+
+typedef struct {
+    layer_state *layers;
+    int linear;                 /* the model has linear layers: it cannot rewind */
+    int chunk;                  /* tokens per pass */
+    size_t conv_len, S_len;     /* floats of one linear layer's conv and S */
+    double *inv_freq[2];        /* rot_dim/2 inverse frequencies: [0] the model's RoPE, [1] the local base */
+    float *cos[2], *sin[2];     /* chunk x rot_dim/2: the RoPE tables of the chunk's positions */
+    /* scratch for a chunk, one row per token */
+    float *x;                   /* residual stream (dim) */
+    float *xb;                  /* normalized input of a sublayer (dim) */
+    float *xb2;                 /* output of a sublayer (dim) */
+    float *q;                   /* queries (q_dim), or a linear layer's q, k, v (lin_qkv) */
+    float *gate;                /* wg·h (q_dim), or a linear layer's z (lin_v_width) */
+    float *o;                   /* input of wo (q_dim) or of lout (lin_v_width) */
+    float *hb, *hb2;            /* FFN hidden (hidden_dim) */
+    float *beta, *g;            /* linear layers: b then beta, a then g, per value head */
+    float *att;                 /* n_heads x ctx attention weights */
+    int8_t *xq;                 /* a matrix input quantized to Q8_0 ... */
+    float *xd;                  /* ... and its scales */
+} fstate;
+
+static size_t max4(size_t a, size_t b, size_t c, size_t d) {
+    size_t m = a > b ? a : b;
+    m = m > c ? m : c;
+    return m > d ? m : d;
+}
+
+/* zeroed n x size bytes; on failure (or an n x size that overflows) NULL and *ok = false */
+static void *alloc(size_t n, size_t size, bool *ok) {
+    void *p = size && n > SIZE_MAX / size ? NULL : calloc(n ? n : 1, size);
+    if (!p) *ok = false;
+    return p;
+}
+
+/* ------------------------------------------------------------------ RoPE */
+/* yarn's d(r): the dimension at which a wavelength fits r rotations into orig (over rot dims) */
+static double yarn_dim(int rot, double orig, double base, double r) {
+    return rot * log(orig / (2 * PI * r)) / (2 * log(base));
+}
+
+/* Inverse frequencies of the rot/2 pairs in double, scaled per rope_type, with the reference's
+ * operations in its order (rope_inv_freq); `local` is rope_local_theta unscaled. */
+static void rope_inv_freq(const ml_header *h, int rot, int local, double *inv) {
+    double base = local ? h->rope_local_theta : h->rope_theta;
+    int type = local ? 0 : (int)h->rope_type;
+    double f = h->rope_factor, lo = h->rope_low_freq_factor, hi = h->rope_high_freq_factor;
+    double orig = h->rope_orig_max_seq;
+    double ylo = 0, yhi = 1;
+    if (type == 3) { /* yarn: lo is beta_fast, hi beta_slow */
+        ylo = fmax(floor(yarn_dim(rot, orig, base, lo)), 0);
+        yhi = fmin(ceil(yarn_dim(rot, orig, base, hi)), rot - 1);
+        if (yhi == ylo) yhi = ylo + 0.001; /* as transformers' linear ramp */
+    }
+    for (int i = 0; i < rot / 2; i++) {
+        double v = pow(base, -2.0 * i / rot);
+        if (type == 1) { /* llama3 */
+            double wavelen = 2 * PI / v;
+            double s = (orig / wavelen - lo) / (hi - lo);
+            if (wavelen < orig / hi) {
+                /* high frequency: unchanged */
+            } else if (wavelen > orig / lo) {
+                v = v / f;
+            } else {
+                v = (1 - s) * v / f + s * v;
+            }
+        } else if (type == 2) { /* linear */
+            v = v / f;
+        } else if (type == 3) {
+            double ramp = fmin(fmax((i - ylo) / (yhi - ylo), 0), 1);
+            v = v / f * ramp + v * (1 - ramp);
+        }
+        inv[i] = v;
+    }
+}
+
+/* cos and sin of the chunk's positions for both RoPE kinds; yarn multiplies them by
+ * rope_attn_factor (the model's RoPE only: the local base is unscaled) */
+static void rope_tables(const struct ml_model *m, fstate *s, int n, int pos) {
+    int half = m->rot_dim / 2;
+    int kinds = m->h.rope_local_theta > 0 ? 2 : 1; /* without a local base no layer uses it */
+    for (int kind = 0; kind < kinds; kind++) {
+        double mult = kind == 0 && m->h.rope_type == 3 ? m->h.rope_attn_factor : 1.0;
+        for (int t = 0; t < n; t++) {
+            for (int i = 0; i < half; i++) {
+                double ang = (double)(pos + t) * s->inv_freq[kind][i];
+                s->cos[kind][t * half + i] = (float)(cos(ang) * mult);
+                s->sin[kind][t * half + i] = (float)(sin(ang) * mult);
+            }
+        }
+    }
+}
+
+/* rotate the interleaved pairs (2i, 2i+1), i < half, of each of `heads` heads */
+static void rope(float *x, int heads, int head_dim, int half, const float *c, const float *s) {
+    for (int h = 0; h < heads; h++) {
+        for (int i = 0; i < half; i++) {
+            float *p = x + h * head_dim + 2 * i;
+            float x0 = p[0], x1 = p[1];
+            p[0] = x0 * c[i] - x1 * s[i];
+            p[1] = x0 * s[i] + x1 * c[i];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ small ops */
+/* Sum of v[i]^2 in float32, in NumPy's pairwise order (np.add.reduce over a contiguous axis:
+ * 8 running sums up to 128 elements, halves above). The reference's norms sum this way, and a
+ * one-ulp change here moves int8 steps of the next quantized matrix input. */
+static float sum_squares(const float *v, int n) {
+    if (n < 8) {
+        float r = 0;
+        for (int i = 0; i < n; i++) r += v[i] * v[i];
+        return r;
+    }
+    if (n <= 128) {
+        float r[8];
+        int i = 8;
+        for (int j = 0; j < 8; j++) r[j] = v[j] * v[j];
+        for (; i < n - n % 8; i += 8)
+            for (int j = 0; j < 8; j++) r[j] += v[i + j] * v[i + j];
+        float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += v[i] * v[i];
+        return res;
+    }
+    int half = n / 2;
+    half -= half % 8;
+    return sum_squares(v, half) + sum_squares(v + half, n - half);
+}
+
+/* out = v / sqrt(mean(v^2) + eps) * w (in place allowed), the reference's float32 operations */
+static void rmsnorm(float *out, const float *v, const float *w, int n, float eps) {
+    float ms = sum_squares(v, n) / (float)n;
+    float r = 1.0f / sqrtf(ms + eps);
+    for (int i = 0; i < n; i++) out[i] = (v[i] * r) * w[i];
+}
+
+static void rmsnorm_rows(float *out, const float *x, const float *w, int n, int width, float eps) {
+    for (int t = 0; t < n; t++) rmsnorm(out + (size_t)t * width, x + (size_t)t * width, w, width, eps);
+}
+
+static float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+static float silu(float v) { return v / (1.0f + expf(-v)); }
+
+static float gelu_tanh(float v) {
+    const float c = (float)0.7978845608028654; /* sqrt(2 / pi) */
+    return 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+}
+
+/* log(1 + exp(v)) as NumPy's logaddexp(0, v) computes it */
+static float softplus(float v) { return v > 0 ? v + log1pf(expf(-v)) : log1pf(expf(v)); }
+
+static float softcap(float v, float cap) { return cap * tanhf(v / cap); }
+
+static void add_rows(float *x, const float *a, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = x[i] + a[i];
+}
+
+/* split [0, n) over the pool (or run it here when the model has none) */
+static void run(struct ml_model *m, int64_t n, void (*fn)(void *, int64_t, int64_t), void *arg) {
+    if (m->pool) ml_pool_run(m->pool, n, fn, arg);
+    else fn(arg, 0, n);
+}
+
+/* ------------------------------------------------------------------ importance matrix */
+enum { SLOT_ATTN, SLOT_WO, SLOT_FFN, SLOT_W2 };
+
+/* doubles of the MLI1 body: per layer dim + q_dim + dim + hidden_dim, then dim */
+static size_t im_len(const struct ml_model *m, bool *ovf) {
+    size_t stride = 2 * (size_t)m->h.dim + (size_t)m->q_dim + m->h.hidden_dim;
+    return ml_add_size(ml_mul_size(m->h.n_layers, stride, ovf), m->h.dim, ovf);
+}
+
+/* add the squares of n rows of x to a slot (layer n_layers, SLOT_ATTN: the classifier input) */
+static void im_record(struct ml_model *m, int layer, int slot, const float *x, int n, int width) {
+    if (!m->imatrix) return;
+    size_t off = (size_t)layer * (2 * (size_t)m->h.dim + (size_t)m->q_dim + m->h.hidden_dim);
+    if (slot > SLOT_ATTN) off += m->h.dim;
+    if (slot > SLOT_WO) off += (size_t)m->q_dim;
+    if (slot > SLOT_FFN) off += m->h.dim;
+    double *sums = m->imatrix + off;
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < width; c++) {
+            double v = x[(size_t)t * width + c];
+            sums[c] += v * v;
+        }
+}
+
+/* ------------------------------------------------------------------ matmul */
+/* Quantize n rows of x (cols each) to Q8_0 into the scratch: done once per input, then shared
+ * by every matrix that reads it (wq, wk, wv, wg read the same h). */
+static void quantize(fstate *s, const float *x, int n, int cols) {
+    const ml_kernel_table *k = ml_kernels();
+    for (int t = 0; t < n; t++)
+        k->quantize_q8_0(x + (size_t)t * cols, cols, s->xq + (size_t)t * cols, s->xd + (size_t)t * (cols / QK));
+}
+
+typedef struct {
+    const ml_matrix *w;
+    const fstate *s;
+    const ml_kernel_table *k;
+    float *out;
+    int n;
+} matmul_job;
+
+/* rows r0..r1 of W against every token: each weight row is read once for the whole chunk */
+static void matmul_rows(void *arg, int64_t r0, int64_t r1) {
+    const matmul_job *j = arg;
+    const ml_matrix *w = j->w;
+    int nb = w->cols / QK;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *wd = w->d + r * nb;
+        for (int t = 0; t < j->n; t++) {
+            const int8_t *xq = j->s->xq + (size_t)t * w->cols;
+            const float *xd = j->s->xd + (size_t)t * nb;
+            float y = w->fmt == ML_FMT_Q8_0
+                ? j->k->dot_q8_0(nb, (const int8_t *)w->q + r * w->cols, wd, xq, xd)
+                : j->k->dot_q4_0(nb, (const uint8_t *)w->q + r * (nb * 16), wd, xq, xd);
+            j->out[(size_t)t * w->rows + r] = y;
+        }
+    }
+}
+
+/* out[t][r] = W·x[t] for the n tokens last quantized (out: n x rows) */
+static void matmul(struct ml_model *m, fstate *s, float *out, const ml_matrix *w, int n) {
+    matmul_job j = {w, s, ml_kernels(), out, n};
+    run(m, w->rows, matmul_rows, &j);
+}
+
+/* ------------------------------------------------------------------ attention */
+typedef struct {
+    const struct ml_model *m;
+    fstate *s;
+    const layer_state *L;
+    int n, pos, window;
+    float scale, cap;
+} attn_job;
+
+/* heads h0..h1 of every token of the chunk: scores, softmax, weighted sum of the values */
+static void attn_heads(void *arg, int64_t h0, int64_t h1) {
+    const attn_job *j = arg;
+    const struct ml_model *m = j->m;
+    int hd = m->head_dim, qd = m->q_dim, kvd = m->kv_dim;
+    int group = (int)(m->h.n_heads / m->h.n_kv_heads);
+    for (int64_t h = h0; h < h1; h++) {
+        float *att = j->s->att + h * m->ctx;
+        const float *keys = j->L->k + (h / group) * hd, *vals = j->L->v + (h / group) * hd;
+        for (int t = 0; t < j->n; t++) {
+            int p = j->pos + t;
+            int start = j->window && p >= j->window ? p - j->window + 1 : 0; /* p - i < window */
+            const float *q = j->s->q + (size_t)t * qd + h * hd;
+            float max = -INFINITY;
+            for (int i = start; i <= p; i++) {
+                const float *k = keys + (size_t)i * kvd;
+                float score = 0;
+                for (int d = 0; d < hd; d++) score += q[d] * k[d];
+                score *= j->scale;
+                if (j->cap) score = softcap(score, j->cap);
+                att[i] = score;
+                if (score > max) max = score;
+            }
+            float sum = 0;
+            for (int i = start; i <= p; i++) {
+                att[i] = expf(att[i] - max);
+                sum += att[i];
+            }
+            float *o = j->s->o + (size_t)t * qd + h * hd;
+            memset(o, 0, (size_t)hd * sizeof *o);
+            for (int i = start; i <= p; i++) {
+                float a = att[i] / sum;
+                const float *v = vals + (size_t)i * kvd;
+                for (int d = 0; d < hd; d++) o[d] += a * v[d];
+            }
+        }
+    }
+}
+
+/* An attention layer on the chunk's n tokens at positions pos..: its output goes to s->xb2. */
+static void attention(struct ml_model *m, fstate *s, int l, int n, int pos) {
+    const ml_header *h = &m->h;
+    const ml_layer *W = &m->layers[l];
+    layer_state *L = &s->layers[l];
+    int dim = (int)h->dim, hd = m->head_dim, qd = m->q_dim, kvd = m->kv_dim;
+    int nh = (int)h->n_heads, nkv = (int)h->n_kv_heads, half = m->rot_dim / 2;
+    float eps = h->norm_eps;
+
+    rmsnorm_rows(s->xb, s->x, W->attn_norm, n, dim, eps);
+    im_record(m, l, SLOT_ATTN, s->xb, n, dim);
+    quantize(s, s->xb, n, dim);
+    /* keys and values go straight into the cache rows of their positions */
+    float *kc = L->k + (size_t)pos * kvd, *vc = L->v + (size_t)pos * kvd;
+    matmul(m, s, s->q, &W->wq, n);
+    matmul(m, s, kc, &W->wk, n);
+    matmul(m, s, vc, &W->wv, n);
+    if (h->attn_gate) matmul(m, s, s->gate, &W->wg, n);
+
+    for (int t = 0; t < n; t++) {
+        float *q = s->q + (size_t)t * qd, *k = kc + (size_t)t * kvd, *v = vc + (size_t)t * kvd;
+        if (h->qkv_bias) {
+            for (int i = 0; i < qd; i++) q[i] = q[i] + W->bq[i];
+            for (int i = 0; i < kvd; i++) k[i] = k[i] + W->bk[i];
+            for (int i = 0; i < kvd; i++) v[i] = v[i] + W->bv[i];
+        }
+        if (h->qk_norm) {
+            for (int i = 0; i < nh; i++) rmsnorm(q + i * hd, q + i * hd, W->q_norm, hd, eps);
+            for (int i = 0; i < nkv; i++) rmsnorm(k + i * hd, k + i * hd, W->k_norm, hd, eps);
+        }
+        if (!(W->flags & 4)) { /* bit 2: no RoPE; bit 1: the local base */
+            int kind = (W->flags & 2) ? 1 : 0;
+            const float *c = s->cos[kind] + (size_t)t * half, *sn = s->sin[kind] + (size_t)t * half;
+            rope(q, nh, hd, half, c, sn);
+            rope(k, nkv, hd, half, c, sn);
+        }
+    }
+
+    int windowed = h->sliding_window && (!h->layer_flags || (W->flags & 1));
+    attn_job job = {m, s, L, n, pos, windowed ? (int)h->sliding_window : 0,
+                    h->attn_scale ? h->attn_scale : (float)(1.0 / sqrt((double)hd)), h->attn_softcap};
+    run(m, nh, attn_heads, &job);
+
+    if (h->attn_gate)
+        for (size_t i = 0; i < (size_t)n * qd; i++) s->o[i] = s->o[i] * sigmoid(s->gate[i]);
+    im_record(m, l, SLOT_WO, s->o, n, qd);
+    quantize(s, s->o, n, qd);
+    matmul(m, s, s->xb2, &W->wo, n);
+}
+
+/* ------------------------------------------------------------------ linear attention */
+typedef struct {
+    const struct ml_model *m;
+    fstate *s;
+    layer_state *L;
+    int n;
+} delta_job;
+
+/* value heads h0..h1, one position after the other (the recurrence):
+ * S = S exp(g); S = S + k (beta (v - S^T k))^T; out = S^T q */
+static void delta_heads(void *arg, int64_t h0, int64_t h1) {
+    const delta_job *j = arg;
+    const ml_header *hdr = &j->m->h;
+    const fstate *s = j->s;
+    int K = (int)hdr->lin_k_heads, V = (int)hdr->lin_v_heads;
+    int dk = (int)hdr->lin_k_dim, dv = (int)hdr->lin_v_dim, rep = V / K;
+    int qkv = j->m->lin_qkv, vw = j->m->lin_v_width;
+    for (int64_t vh = h0; vh < h1; vh++) {
+        float *S = j->L->S + vh * dk * dv;
+        int kh = (int)(vh / rep); /* the query and key head of value head vh */
+        for (int t = 0; t < j->n; t++) {
+            const float *row = s->q + (size_t)t * qkv;
+            const float *q = row + kh * dk, *k = row + (K + kh) * dk, *v = row + 2 * K * dk + vh * dv;
+            float beta = s->beta[(size_t)t * V + vh], decay = expf(s->g[(size_t)t * V + vh]);
+            float *o = s->o + (size_t)t * vw + vh * dv;
+            for (int i = 0; i < dk * dv; i++) S[i] = S[i] * decay;
+            /* o = S^T k, then the delta beta (v - S^T k), kept in o until S is updated */
+            memset(o, 0, (size_t)dv * sizeof *o);
+            for (int a = 0; a < dk; a++)
+                for (int b = 0; b < dv; b++) o[b] += S[a * dv + b] * k[a];
+            for (int b = 0; b < dv; b++) o[b] = (v[b] - o[b]) * beta;
+            for (int a = 0; a < dk; a++)
+                for (int b = 0; b < dv; b++) S[a * dv + b] = S[a * dv + b] + k[a] * o[b];
+            memset(o, 0, (size_t)dv * sizeof *o);
+            for (int a = 0; a < dk; a++)
+                for (int b = 0; b < dv; b++) o[b] += S[a * dv + b] * q[a];
+        }
+    }
+}
+
+/* A linear-attention layer (flag bit 3) on the chunk's n tokens: its output goes to s->xb2. */
+static void linear_attention(struct ml_model *m, fstate *s, int l, int n) {
+    const ml_header *h = &m->h;
+    const ml_layer *W = &m->layers[l];
+    layer_state *L = &s->layers[l];
+    int dim = (int)h->dim, K = (int)h->lin_k_heads, V = (int)h->lin_v_heads;
+    int dk = (int)h->lin_k_dim, dv = (int)h->lin_v_dim, kc = (int)h->lin_conv;
+    int qkv = m->lin_qkv, vw = m->lin_v_width;
+    float eps = h->norm_eps;
+
+    rmsnorm_rows(s->xb, s->x, W->attn_norm, n, dim, eps);
+    im_record(m, l, SLOT_ATTN, s->xb, n, dim); /* lout's input has no MLI1 slot */
+    quantize(s, s->xb, n, dim);
+    matmul(m, s, s->q, &W->lqkv, n);
+    matmul(m, s, s->gate, &W->lz, n);
+    matmul(m, s, s->beta, &W->lb, n);
+    matmul(m, s, s->g, &W->la, n);
+
+    float qscale = (float)sqrt((double)dk);
+    for (int t = 0; t < n; t++) {
+        float *c = s->q + (size_t)t * qkv;
+        /* causal convolution over the channel's last kc inputs (tap kc-1 is this position),
+         * then SiLU; the state keeps the last kc - 1 inputs, oldest first */
+        for (int ch = 0; ch < qkv; ch++) {
+            const float *w = W->lconv + (size_t)ch * kc;
+            float in = c[ch], u = 0;
+            for (int tap = 0; tap < kc - 1; tap++) u += w[tap] * L->conv[(size_t)tap * qkv + ch];
+            u += w[kc - 1] * in;
+            for (int tap = 0; tap + 1 < kc - 1; tap++)
+                L->conv[(size_t)tap * qkv + ch] = L->conv[(size_t)(tap + 1) * qkv + ch];
+            if (kc > 1) L->conv[(size_t)(kc - 2) * qkv + ch] = in;
+            c[ch] = silu(u);
+        }
+        /* query and key heads to unit L2 norm; queries also divided by sqrt(dk) */
+        for (int i = 0; i < 2 * K; i++) {
+            float *x = c + (size_t)i * dk;
+            float norm = sqrtf(sum_squares(x, dk) + 1e-6f);
+            for (int d = 0; d < dk; d++) x[d] = x[d] / norm;
+            if (i < K)
+                for (int d = 0; d < dk; d++) x[d] = x[d] / qscale;
+        }
+        for (int i = 0; i < V; i++) {
+            float *b = s->beta + (size_t)t * V + i, *a = s->g + (size_t)t * V + i;
+            *b = sigmoid(*b);
+            *a = -expf(W->A_log[i]) * softplus(*a + W->dt_bias[i]);
+        }
+    }
+
+    delta_job job = {m, s, L, n};
+    run(m, V, delta_heads, &job);
+
+    /* per head: rmsnorm with lnorm, times silu(z) */
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < V; i++) {
+            float *o = s->o + (size_t)t * vw + (size_t)i * dv;
+            const float *z = s->gate + (size_t)t * vw + (size_t)i * dv;
+            rmsnorm(o, o, W->lnorm, dv, eps);
+            for (int d = 0; d < dv; d++) o[d] = o[d] * silu(z[d]);
+        }
+    quantize(s, s->o, n, vw);
+    matmul(m, s, s->xb2, &W->lout, n);
+}
+
+/* ------------------------------------------------------------------ FFN */
+/* f = w2·(act(w1·h) * (w3·h)), h = rmsnorm(x, ffn_norm): into s->xb2 */
+static void ffn(struct ml_model *m, fstate *s, int l, int n) {
+    const ml_header *h = &m->h;
+    const ml_layer *W = &m->layers[l];
+    int dim = (int)h->dim, hid = (int)h->hidden_dim;
+
+    rmsnorm_rows(s->xb, s->x, W->ffn_norm, n, dim, h->norm_eps);
+    im_record(m, l, SLOT_FFN, s->xb, n, dim);
+    quantize(s, s->xb, n, dim);
+    matmul(m, s, s->hb, &W->w1, n);
+    matmul(m, s, s->hb2, &W->w3, n);
+    for (size_t i = 0; i < (size_t)n * hid; i++) {
+        float g = s->hb[i];
+        s->hb[i] = (h->act == 1 ? gelu_tanh(g) : silu(g)) * s->hb2[i];
+    }
+    im_record(m, l, SLOT_W2, s->hb, n, hid);
+    quantize(s, s->hb, n, hid);
+    matmul(m, s, s->xb2, &W->w2, n);
+    if (h->post_norms) rmsnorm_rows(s->xb2, s->xb2, W->post_ffn_norm, n, dim, h->norm_eps);
+}
+
+/* ------------------------------------------------------------------ the pass */
+/* the dequantized row of a token (the embedding is not quantized again) */
+static void embed(const ml_matrix *w, int32_t token, float *out) {
+    int nb = w->cols / QK;
+    const float *d = w->d + (size_t)token * nb;
+    if (w->fmt == ML_FMT_Q8_0) {
+        const int8_t *q = (const int8_t *)w->q + (size_t)token * w->cols;
+        for (int i = 0; i < w->cols; i++) out[i] = (float)q[i] * d[i / QK];
+    } else { /* byte j of a block: element j low nibble, element j + 16 high */
+        const uint8_t *q = (const uint8_t *)w->q + (size_t)token * nb * 16;
+        for (int b = 0; b < nb; b++)
+            for (int j = 0; j < 16; j++) {
+                out[b * QK + j] = (float)((q[b * 16 + j] & 15) - 8) * d[b];
+                out[b * QK + j + 16] = (float)((q[b * 16 + j] >> 4) - 8) * d[b];
+            }
+    }
+}
+
+/* linear layers start from zero conv inputs and a zero S at position 0 */
+static void clear_linear_state(const struct ml_model *m, fstate *s) {
+    for (uint32_t l = 0; s->linear && l < m->h.n_layers; l++) {
+        layer_state *L = &s->layers[l];
+        if (L->conv) memset(L->conv, 0, s->conv_len * sizeof(float));
+        if (L->S) memset(L->S, 0, s->S_len * sizeof(float));
+    }
+}
+
+/* n <= chunk tokens at positions pos..: logits receives n x vocab floats */
+static void forward_chunk(struct ml_model *m, fstate *s, const int32_t *tokens, int n, int pos, float *logits) {
+    const ml_header *h = &m->h;
+    int dim = (int)h->dim, vocab = (int)h->vocab;
+    size_t width = (size_t)n * dim;
+
+    for (int t = 0; t < n; t++) {
+        float *x = s->x + (size_t)t * dim;
+        embed(&m->tok_emb, tokens[t], x);
+        if (h->embed_scale)
+            for (int i = 0; i < dim; i++) x[i] = x[i] * h->embed_scale;
+    }
+    rope_tables(m, s, n, pos);
+
+    for (int l = 0; l < (int)h->n_layers; l++) {
+        const ml_layer *W = &m->layers[l];
+        if (W->flags & 8) linear_attention(m, s, l, n);
+        else attention(m, s, l, n, pos);
+        if (h->post_norms) rmsnorm_rows(s->xb2, s->xb2, W->post_attn_norm, n, dim, h->norm_eps);
+        add_rows(s->x, s->xb2, width);
+        ffn(m, s, l, n);
+        add_rows(s->x, s->xb2, width);
+    }
+
+    rmsnorm_rows(s->xb, s->x, m->final_norm, n, dim, h->norm_eps);
+    im_record(m, (int)h->n_layers, SLOT_ATTN, s->xb, n, dim);
+    quantize(s, s->xb, n, dim);
+    matmul(m, s, logits, &m->wcls, n);
+    if (h->final_softcap)
+        for (size_t i = 0; i < (size_t)n * vocab; i++) logits[i] = softcap(logits[i], h->final_softcap);
+}
+
+ML_API int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits) {
+    if (!m || !m->state || !tokens || !logits || n < 1 || pos < 0) return ML_E_ARG;
+    fstate *s = m->state;
+    /* decision forward.positions: rewind at will, except past a linear layer's state */
+    if ((int64_t)pos + n > m->ctx || pos > m->filled || (s->linear && pos != m->filled)) return ML_E_ARG;
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->h.vocab) return ML_E_ARG;
+
+    if (pos == 0) clear_linear_state(m, s); /* so a start over needs no ml_forward_reset */
+    for (int32_t c = 0; c < n; c += s->chunk) {
+        int len = n - c < s->chunk ? n - c : s->chunk;
+        forward_chunk(m, s, tokens + c, len, pos + c, logits + (size_t)c * m->h.vocab);
+        m->filled = pos + c + len;
+    }
+    if (m->imatrix) {
+        m->im_tokens += (uint64_t)n;
+        m->im_tokens_cls += (uint64_t)n;
+    }
+    return ML_OK;
+}
+
+/* ------------------------------------------------------------------ setup */
+int ml_forward_init(struct ml_model *m) {
+    const ml_header *h = &m->h;
+    if (m->ctx < 1 || (uint32_t)m->ctx > h->max_seq) return ML_E_ARG;
+    fstate *s = calloc(1, sizeof *s);
+    if (!s) return ML_E_NOMEM;
+    m->state = s;
+    m->filled = 0;
+
+    size_t ctx = (size_t)m->ctx, B = m->ctx < CHUNK ? (size_t)m->ctx : CHUNK;
+    size_t dim = h->dim, hid = h->hidden_dim, qd = (size_t)m->q_dim, kvd = (size_t)m->kv_dim;
+    size_t qkv = (size_t)m->lin_qkv, vw = (size_t)m->lin_v_width, V = h->lin_v_heads;
+    size_t half = (size_t)(m->rot_dim / 2);
+    size_t wide_q = qd > qkv ? qd : qkv, wide_o = qd > vw ? qd : vw;
+    size_t in_cols = max4(dim, qd, hid, vw); /* the widest matrix input */
+    bool ovf = false, ok = true;             /* a size that overflows is an allocation failure */
+    size_t cache = ml_mul_size(ctx, kvd, &ovf);
+    s->chunk = (int)B;
+    s->conv_len = ml_mul_size(h->lin_conv > 0 ? h->lin_conv - 1 : 0, qkv, &ovf);
+    s->S_len = ml_mul_size(V, ml_mul_size(h->lin_k_dim, h->lin_v_dim, &ovf), &ovf);
+
+    s->layers = alloc(h->n_layers, sizeof *s->layers, &ok);
+    for (uint32_t l = 0; ok && !ovf && l < h->n_layers; l++) {
+        layer_state *L = &s->layers[l];
+        if (m->layers[l].flags & 8) {
+            s->linear = 1;
+            L->conv = alloc(s->conv_len, sizeof(float), &ok);
+            L->S = alloc(s->S_len, sizeof(float), &ok);
+        } else {
+            L->k = alloc(cache, sizeof(float), &ok);
+            L->v = alloc(cache, sizeof(float), &ok);
+        }
+    }
+    for (int kind = 0; kind < 2; kind++) {
+        s->inv_freq[kind] = alloc(half, sizeof(double), &ok);
+        s->cos[kind] = alloc(ml_mul_size(B, half, &ovf), sizeof(float), &ok);
+        s->sin[kind] = alloc(ml_mul_size(B, half, &ovf), sizeof(float), &ok);
+    }
+    s->x = alloc(ml_mul_size(B, dim, &ovf), sizeof(float), &ok);
+    s->xb = alloc(ml_mul_size(B, dim, &ovf), sizeof(float), &ok);
+    s->xb2 = alloc(ml_mul_size(B, dim, &ovf), sizeof(float), &ok);
+    s->q = alloc(ml_mul_size(B, wide_q, &ovf), sizeof(float), &ok);
+    s->gate = alloc(ml_mul_size(B, wide_o, &ovf), sizeof(float), &ok);
+    s->o = alloc(ml_mul_size(B, wide_o, &ovf), sizeof(float), &ok);
+    s->hb = alloc(ml_mul_size(B, hid, &ovf), sizeof(float), &ok);
+    s->hb2 = alloc(ml_mul_size(B, hid, &ovf), sizeof(float), &ok);
+    s->beta = alloc(ml_mul_size(B, V, &ovf), sizeof(float), &ok);
+    s->g = alloc(ml_mul_size(B, V, &ovf), sizeof(float), &ok);
+    s->att = alloc(ml_mul_size(h->n_heads, ctx, &ovf), sizeof(float), &ok);
+    s->xq = alloc(ml_mul_size(B, in_cols, &ovf), 1, &ok);
+    s->xd = alloc(ml_mul_size(B, in_cols / QK, &ovf), sizeof(float), &ok);
+    if (!ok || ovf) {
+        ml_forward_free(m);
+        return ML_E_NOMEM;
+    }
+    rope_inv_freq(h, m->rot_dim, 0, s->inv_freq[0]);
+    rope_inv_freq(h, m->rot_dim, 1, s->inv_freq[1]);
+    return ML_OK;
+}
+
+void ml_forward_free(struct ml_model *m) {
+    fstate *s = m->state;
+    free(m->imatrix);
+    m->imatrix = NULL;
+    if (!s) return;
+    if (s->layers)
+        for (uint32_t l = 0; l < m->h.n_layers; l++) {
+            free(s->layers[l].k);
+            free(s->layers[l].v);
+            free(s->layers[l].conv);
+            free(s->layers[l].S);
+        }
+    free(s->layers);
+    for (int kind = 0; kind < 2; kind++) {
+        free(s->inv_freq[kind]);
+        free(s->cos[kind]);
+        free(s->sin[kind]);
+    }
+    float *scratch[] = {s->x, s->xb, s->xb2, s->q, s->gate, s->o, s->hb, s->hb2, s->beta, s->g, s->att, s->xd};
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) free(scratch[i]);
+    free(s->xq);
+    free(s);
+    m->state = NULL;
+}
+
+void ml_forward_reset(struct ml_model *m) {
+    m->filled = 0;
+    if (m->state) clear_linear_state(m, m->state);
+}
+
+/* ------------------------------------------------------------------ importance matrix */
+ML_API int ml_imatrix_start(ml_model *m) {
+    if (!m) return ML_E_ARG;
+    bool ovf = false, ok = true;
+    size_t len = im_len(m, &ovf);
+    if (ovf) return ML_E_NOMEM;
+    if (!m->imatrix) m->imatrix = alloc(len, sizeof(double), &ok);
+    else memset(m->imatrix, 0, len * sizeof(double));
+    if (!ok) return ML_E_NOMEM;
+    m->im_tokens = m->im_tokens_cls = 0;
+    return ML_OK;
+}
+
+/* n must be the MLI1 body's length: n_layers * (2 dim + q_dim + hidden_dim) + dim */
+ML_API int ml_imatrix_get(const ml_model *m, double *sums, size_t n, uint64_t *tokens, uint64_t *tokens_cls) {
+    bool ovf = false;
+    if (!m || !m->imatrix || !sums || n != im_len(m, &ovf)) return ML_E_ARG;
+    memcpy(sums, m->imatrix, n * sizeof(double));
+    if (tokens) *tokens = m->im_tokens;
+    if (tokens_cls) *tokens_cls = m->im_tokens_cls;
+    return ML_OK;
+}

@@ -1,0 +1,13 @@
+/* forward.h: what forward.c offers the rest of the runtime besides model.h's
+ * ml_forward_init / ml_forward_free and mlrt.h's ml_forward / ml_imatrix_start / ml_imatrix_get. */
+#ifndef MLRT_FORWARD_H
+#define MLRT_FORWARD_H
+
+#include "model.h"
+
+/* Forget every position: filled = 0 and the linear-attention state (conv inputs, S) zeroed.
+ * The KV cache is left as it is: positions at or past `filled` are never read. ml_reset calls it.
+ * The importance-matrix sums, if collecting, are kept (they add over resets, as llama-imatrix). */
+void ml_forward_reset(struct ml_model *m);
+
+#endif

@@ -1,0 +1,137 @@
+/* kern_neon_common.h: the body shared by kern_neon.c and kern_neon_dotprod.c. The including
+ * file defines NEON_TABLE, NEON_NAME and dot16(acc, w, x) (its block sum); everything else is
+ * the same code, compiled once per table with that file's flags. Rules: kern_scalar.c. */
+#ifndef NEON_TABLE
+#error "include from kern_neon.c or kern_neon_dotprod.c"
+#endif
+
+static void quantize_q8_0(const float *x, int n, int8_t *q, float *d) {
+    const float32x4_t half = vdupq_n_f32(0.5f), lo = vdupq_n_f32(-127.0f), hi = vdupq_n_f32(127.0f);
+    const uint32x4_t signbit = vdupq_n_u32(0x80000000u);
+    for (int b = 0; b < n / QK; b++, x += QK, q += QK) {
+        float32x4_t v[8];
+        float32x4_t acc = vdupq_n_f32(0.0f);
+        for (int k = 0; k < 8; k++) {
+            v[k] = vld1q_f32(x + 4 * k);
+            float32x4_t a = vabsq_f32(v[k]);
+            acc = vbslq_f32(vcgtq_f32(a, acc), a, acc); /* NaN |x| loses, as the scalar twin */
+        }
+        float amax = vmaxvq_f32(acc); /* acc holds no NaN: an exact max in any order */
+        if (amax < 1e-30f) {
+            d[b] = 0.0f;
+            vst1q_s8(q, vdupq_n_s8(0));
+            vst1q_s8(q + 16, vdupq_n_s8(0));
+            continue;
+        }
+        const float32x4_t id = vdupq_n_f32(127.0f / amax);
+        d[b] = amax / 127.0f;
+        int16x8_t h[4];
+        for (int k = 0; k < 8; k += 2) {
+            int32x4_t i2[2];
+            for (int e = 0; e < 2; e++) {
+                float32x4_t s = vreinterpretq_f32_u32(
+                    vorrq_u32(vandq_u32(vreinterpretq_u32_f32(v[k + e]), signbit), vreinterpretq_u32_f32(half)));
+                float32x4_t t = vmulq_f32(v[k + e], id);
+                t = vaddq_f32(t, s);
+                t = vbslq_f32(vcgtq_f32(t, lo), t, lo); /* NaN -> -127 */
+                t = vbslq_f32(vcltq_f32(t, hi), t, hi);
+                i2[e] = vcvtq_s32_f32(t); /* truncation */
+            }
+            h[k / 2] = vcombine_s16(vmovn_s32(i2[0]), vmovn_s32(i2[1]));
+        }
+        vst1q_s8(q, vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])));
+        vst1q_s8(q + 16, vcombine_s8(vmovn_s16(h[2]), vmovn_s16(h[3])));
+    }
+}
+
+static inline int32x4_t block_q8_0(const int8_t *w, const int8_t *x) {
+    int32x4_t acc = dot16(vdupq_n_s32(0), vld1q_s8(w), vld1q_s8(x));
+    return dot16(acc, vld1q_s8(w + 16), vld1q_s8(x + 16));
+}
+
+/* Q4_0: low nibbles are elements 0..15, high nibbles 16..31; minus 8 gives signed weights. */
+static inline int32x4_t block_q4_0(const uint8_t *w, const int8_t *x) {
+    const uint8x16_t b = vld1q_u8(w);
+    const int8x16_t eight = vdupq_n_s8(8);
+    int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(0x0F))), eight);
+    int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(b, 4)), eight);
+    int32x4_t acc = dot16(vdupq_n_s32(0), lo, vld1q_s8(x));
+    return dot16(acc, hi, vld1q_s8(x + 16));
+}
+
+/* Four block sums in block order (integers: exact in any order). */
+static inline int32x4_t hsum4(int32x4_t a, int32x4_t b, int32x4_t c, int32x4_t d) {
+    return vpaddq_s32(vpaddq_s32(a, b), vpaddq_s32(c, d));
+}
+
+#define QB(w, b) ((w) + (size_t)(b) * QK)
+#define Q4B(w, b) ((w) + (size_t)(b) * (QK / 2))
+
+static void isums_q8_0(int nb, const int8_t *w, const int8_t *x, int32_t *out) {
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
+        vst1q_s32(out + b, hsum4(block_q8_0(QB(w, b), QB(x, b)), block_q8_0(QB(w, b + 1), QB(x, b + 1)),
+                                 block_q8_0(QB(w, b + 2), QB(x, b + 2)), block_q8_0(QB(w, b + 3), QB(x, b + 3))));
+    for (; b < nb; b++) out[b] = vaddvq_s32(block_q8_0(QB(w, b), QB(x, b)));
+}
+
+static void isums_q4_0(int nb, const uint8_t *w, const int8_t *x, int32_t *out) {
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
+        vst1q_s32(out + b, hsum4(block_q4_0(Q4B(w, b), QB(x, b)), block_q4_0(Q4B(w, b + 1), QB(x, b + 1)),
+                                 block_q4_0(Q4B(w, b + 2), QB(x, b + 2)), block_q4_0(Q4B(w, b + 3), QB(x, b + 3))));
+    for (; b < nb; b++) out[b] = vaddvq_s32(block_q4_0(Q4B(w, b), QB(x, b)));
+}
+
+/* Dots in the scalar twin's order: lane k takes blocks b = k (mod 4), terms (wd * xd) * isum
+ * without FMA, then (l0 + l1) + (l2 + l3), then the tail in block order. */
+static inline float32x4_t terms4(const float *wd, const float *xd, int32x4_t isum) {
+    float32x4_t s = vmulq_f32(vld1q_f32(wd), vld1q_f32(xd));
+    return vmulq_f32(s, vcvtq_f32_s32(isum));
+}
+
+static inline float lanes(float32x4_t acc) {
+    float32x4_t p = vpaddq_f32(acc, acc); /* l0 + l1, l2 + l3, .. */
+    return vpadds_f32(vget_low_f32(p));
+}
+
+static inline float tail(float s, float wd, float xd, int32_t isum) {
+    float t = wd * xd;
+    t = t * (float)isum;
+    return s + t;
+}
+
+static float dot_q8_0(int nb, const int8_t *w, const float *wd, const int8_t *x, const float *xd) {
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        int32x4_t is = hsum4(block_q8_0(QB(w, b), QB(x, b)), block_q8_0(QB(w, b + 1), QB(x, b + 1)),
+                             block_q8_0(QB(w, b + 2), QB(x, b + 2)), block_q8_0(QB(w, b + 3), QB(x, b + 3)));
+        acc = vaddq_f32(acc, terms4(wd + b, xd + b, is));
+    }
+    float s = lanes(acc);
+    for (; b < nb; b++) s = tail(s, wd[b], xd[b], vaddvq_s32(block_q8_0(QB(w, b), QB(x, b))));
+    return s;
+}
+
+static float dot_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *x, const float *xd) {
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        int32x4_t is = hsum4(block_q4_0(Q4B(w, b), QB(x, b)), block_q4_0(Q4B(w, b + 1), QB(x, b + 1)),
+                             block_q4_0(Q4B(w, b + 2), QB(x, b + 2)), block_q4_0(Q4B(w, b + 3), QB(x, b + 3)));
+        acc = vaddq_f32(acc, terms4(wd + b, xd + b, is));
+    }
+    float s = lanes(acc);
+    for (; b < nb; b++) s = tail(s, wd[b], xd[b], vaddvq_s32(block_q4_0(Q4B(w, b), QB(x, b))));
+    return s;
+}
+
+const ml_kernel_table NEON_TABLE = {
+    .name = NEON_NAME,
+    .quantize_q8_0 = quantize_q8_0,
+    .isums_q8_0 = isums_q8_0,
+    .isums_q4_0 = isums_q4_0,
+    .dot_q8_0 = dot_q8_0,
+    .dot_q4_0 = dot_q4_0,
+};

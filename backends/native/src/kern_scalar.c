@@ -1,0 +1,117 @@
+/* kern_scalar.c: the scalar kernels, the twin every SIMD table is tested against.
+ *
+ * Quantizer (seed "Quantization rule", specs/quant.yaml q8_0): every float32 operation is
+ * rounded on its own, in the order written. x * id + copysign(0.5, x) must be two roundings, so
+ * the compiler must not fuse it into an FMA: -std=c11 already means -ffp-contract=off for gcc,
+ * the pragmas below say so for gcc in GNU mode and for clang (whose default contracts within one
+ * expression), and the multiply and the add are separate statements.
+ *
+ * Non-finite input (refused by ml_quantize_q8_0, but an activation can overflow) gets a defined
+ * result that every ISA reproduces: amax ignores NaN like _mm256_max_ps(|x|, acc), a NaN quant
+ * becomes -127 and +-inf clamp (the comparisons below are exactly max_ps/min_ps's semantics).
+ *
+ * Dot products: term_b = (wd[b] * xd[b]) * (float)isum_b (isum_b is exact in float: |isum_b| <=
+ * 32 * 127 * 127 < 2^24). Every ISA uses the same order so that the dots are bit-identical too:
+ * four partial sums, lane k adding the terms of blocks b = k (mod 4) for b < nb - nb % 4, then
+ * s = (lane0 + lane1) + (lane2 + lane3), then the remaining nb % 4 terms in block order.
+ */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <math.h>
+
+#include "kernels.h"
+
+static void quantize_q8_0(const float *x, int n, int8_t *q, float *d) {
+    for (int b = 0; b < n / QK; b++, x += QK, q += QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            float a = fabsf(x[j]);
+            amax = a > amax ? a : amax; /* NaN never wins, as max_ps(a, acc) */
+        }
+        if (amax < 1e-30f) { /* 127/amax would overflow */
+            d[b] = 0.0f;
+            for (int j = 0; j < QK; j++) q[j] = 0;
+            continue;
+        }
+        float id = 127.0f / amax;
+        d[b] = amax / 127.0f;
+        for (int j = 0; j < QK; j++) {
+            float v = x[j] * id;
+            v = v + copysignf(0.5f, x[j]);
+            v = v > -127.0f ? v : -127.0f; /* NaN -> -127, as max_ps(v, -127) */
+            v = v < 127.0f ? v : 127.0f;
+            q[j] = (int8_t)(int32_t)v; /* conversion truncates: trunc() of the seed */
+        }
+    }
+}
+
+static int32_t isum_q8_0(const int8_t *w, const int8_t *x) {
+    int32_t s = 0;
+    for (int j = 0; j < QK; j++) s += (int32_t)w[j] * x[j];
+    return s;
+}
+
+static int32_t isum_q4_0(const uint8_t *w, const int8_t *x) {
+    int32_t s = 0;
+    for (int j = 0; j < QK / 2; j++) {
+        s += ((int32_t)(w[j] & 0x0F) - 8) * x[j];
+        s += ((int32_t)(w[j] >> 4) - 8) * x[j + QK / 2];
+    }
+    return s;
+}
+
+static void isums_q8_0(int nb, const int8_t *w, const int8_t *x, int32_t *out) {
+    for (int b = 0; b < nb; b++) out[b] = isum_q8_0(w + b * QK, x + b * QK);
+}
+
+static void isums_q4_0(int nb, const uint8_t *w, const int8_t *x, int32_t *out) {
+    for (int b = 0; b < nb; b++) out[b] = isum_q4_0(w + b * (QK / 2), x + b * QK);
+}
+
+static float term(float wd, float xd, int32_t isum) {
+    float s = wd * xd;
+    return s * (float)isum;
+}
+
+/* One statement per rounding: also exact on x87 (-m32), where an expression keeps excess precision. */
+static float lanes(const float acc[4]) {
+    float s01 = acc[0] + acc[1];
+    float s23 = acc[2] + acc[3];
+    return s01 + s23;
+}
+
+static float dot_q8_0(int nb, const int8_t *w, const float *wd, const int8_t *x, const float *xd) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
+        for (int k = 0; k < 4; k++)
+            acc[k] += term(wd[b + k], xd[b + k], isum_q8_0(w + (b + k) * QK, x + (b + k) * QK));
+    float s = lanes(acc);
+    for (; b < nb; b++) s = s + term(wd[b], xd[b], isum_q8_0(w + b * QK, x + b * QK));
+    return s;
+}
+
+static float dot_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *x, const float *xd) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
+        for (int k = 0; k < 4; k++)
+            acc[k] += term(wd[b + k], xd[b + k],
+                                   isum_q4_0(w + (b + k) * (QK / 2), x + (b + k) * QK));
+    float s = lanes(acc);
+    for (; b < nb; b++) s = s + term(wd[b], xd[b], isum_q4_0(w + b * (QK / 2), x + b * QK));
+    return s;
+}
+
+const ml_kernel_table ml_kernels_scalar = {
+    .name = "scalar",
+    .quantize_q8_0 = quantize_q8_0,
+    .isums_q8_0 = isums_q8_0,
+    .isums_q4_0 = isums_q4_0,
+    .dot_q8_0 = dot_q8_0,
+    .dot_q4_0 = dot_q4_0,
+};

@@ -1,0 +1,62 @@
+/* util.h: export macro, overflow-checked size arithmetic, reason formatting. */
+#ifndef MLRT_UTIL_H
+#define MLRT_UTIL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* build.py compiles with -fvisibility=hidden: only the functions of include/mlrt.h carry this. */
+#define ML_API __attribute__((visibility("default")))
+
+/* Sticky-overflow arithmetic: a chain of size computations reads like plain arithmetic and is
+ * checked once at the end (*overflow stays true once any step wrapped). */
+static inline uint64_t ml_mul_u64(uint64_t a, uint64_t b, bool *overflow) {
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) *overflow = true;
+    return r;
+}
+
+static inline uint64_t ml_add_u64(uint64_t a, uint64_t b, bool *overflow) {
+    uint64_t r;
+    if (__builtin_add_overflow(a, b, &r)) *overflow = true;
+    return r;
+}
+
+/* n rounded up to a multiple of a (a power of two). */
+static inline uint64_t ml_align_u64(uint64_t n, uint64_t a, bool *overflow) {
+    return ml_add_u64(n, a - 1, overflow) & ~(a - 1);
+}
+
+/* The same on size_t, which is 32 bits on -m32 targets. */
+static inline size_t ml_mul_size(size_t a, size_t b, bool *overflow) {
+    size_t r;
+    if (__builtin_mul_overflow(a, b, &r)) *overflow = true;
+    return r;
+}
+
+static inline size_t ml_add_size(size_t a, size_t b, bool *overflow) {
+    size_t r;
+    if (__builtin_add_overflow(a, b, &r)) *overflow = true;
+    return r;
+}
+
+/* A uint64_t that must fit in size_t (a byte count or index of memory on this target). */
+static inline size_t ml_size_of_u64(uint64_t v, bool *overflow) {
+    if (v > (uint64_t)SIZE_MAX) *overflow = true;
+    return (size_t)v;
+}
+
+/* Format into a caller's reason buffer (NULL or 0 bytes: nothing), always NUL-terminated. */
+__attribute__((format(printf, 3, 4)))
+static inline void ml_reason(char *reason, size_t reason_len, const char *fmt, ...) {
+    if (!reason || !reason_len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, reason_len, fmt, ap);
+    va_end(ap);
+}
+
+#endif

@@ -1,0 +1,73 @@
+"""Build hooks only; the metadata is in pyproject.toml.
+
+The native runtime (backends/native/src/*.c) is compiled into libmlrt.so by
+backends/native/build.py as part of build_py, so `pip install .` and `pip install -e .` both
+build it, and a compiler error fails the installation loudly (the library is part of the product):
+- a regular build writes it into the build tree, as mlconf/backends/native/libmlrt.so of the wheel;
+- an editable build writes it into the source tree, backends/native/libmlrt.so (git-ignored),
+  where the editable install imports mlconf.backends.native from. After editing C, rebuild with
+  `python backends/native/build.py` (same output path) or reinstall.
+The wheel holds a binary, so it is tagged for this platform (py3-none-<platform>): the library is
+loaded with cffi in ABI mode and does not depend on the Python version.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+NATIVE = ROOT / "backends" / "native"
+LIBRARY = "libmlrt.so"
+
+
+def _native_build():
+    """backends/native/build.py, loaded by path (it is not importable before installation)."""
+    spec = importlib.util.spec_from_file_location("_mlconf_native_build", NATIVE / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class build_py_native(build_py):
+    """build_py, then compile the native runtime next to the package's Python files."""
+
+    def _library(self) -> Path:
+        if self.editable_mode:
+            return NATIVE / LIBRARY
+        return Path(self.build_lib) / "mlconf" / "backends" / "native" / LIBRARY
+
+    def run(self) -> None:
+        super().run()
+        out = self._library()
+        self.announce(f"building the native runtime: {out}", level=2)
+        build = _native_build()
+        try:
+            build.build(out)
+        except build.BuildError as e:
+            raise SystemExit(f"error: the native runtime (backends/native) failed to build:\n{e}") from None
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        outs = super().get_outputs(include_bytecode)
+        return outs if self.editable_mode else [*outs, str(self._library())]
+
+
+class BinaryDistribution(Distribution):
+    """Holds a compiled library: installed as platform-specific (platlib, a platform wheel tag)."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+class bdist_wheel_platform(bdist_wheel):
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
+
+
+setup(distclass=BinaryDistribution,
+      cmdclass={"build_py": build_py_native, "bdist_wheel": bdist_wheel_platform})
