@@ -285,6 +285,13 @@ def cmd_bench(args) -> int:
     from mlconf.golden import GOLDEN_DIR
     if args.what in ("all", "quant"):
         print(bench.format_table(bench.quant_bench(rows=args.rows, cols=args.cols)))
+    if args.what == "native":
+        try:
+            print(bench.native_report(Path(args.report) / "bench.md"))
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
+        print(f"\n(written to {Path(args.report) / 'bench.md'})")
+        return 0
     if args.what in ("all", "tokenizer"):
         if args.tokenizer_json:
             pairs = [(args.tokenizer_json, args.tokenizer_json)]
@@ -386,7 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_convert_tokenizer)
 
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
-    p.add_argument("what", nargs="?", choices=["all", "quant", "forward", "tokenizer"], default="all")
+    p.add_argument("what", nargs="?", default="all",
+                   choices=["all", "quant", "forward", "tokenizer", "native"],
+                   help="native: the C runtime's kernels, matvecs and model speed (writes REPORT/bench.md)")
+    p.add_argument("--report", default="reports", help="folder of bench.md (default: %(default)s)")
     p.add_argument("--rows", type=int, default=4096, help="quantizer matrix rows")
     p.add_argument("--cols", type=int, default=4096, help="quantizer matrix columns")
     p.add_argument("--model", help="forward: an .mlb (default: the largest golden model)")

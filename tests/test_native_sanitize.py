@@ -1,0 +1,37 @@
+"""The native runtime built with AddressSanitizer + UndefinedBehaviorSanitizer (build.py
+--sanitize), run through the lib:PATH backend on the loader, header and forward areas: every
+malformed and valid fixture, every golden model prefilled, decoded and compared with the
+reference. A sanitizer report aborts the worker, which the harness records as a crash: zero
+crashes, zero failures means zero reports."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from mlconf import cases, runner
+from mlconf.backends import get
+
+
+@pytest.fixture(scope="module")
+def sanitized(tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed for the sanitizer build")
+    from mlconf.backends.native import build
+    return build.build(tmp_path_factory.mktemp("asan") / "libmlrt_asan.so", sanitize=True)
+
+
+def test_loader_and_forward_under_sanitizers(sanitized, tmp_path, monkeypatch):
+    monkeypatch.setenv("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
+    monkeypatch.setenv("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
+    backend = get(f"lib:{sanitized}")
+    sel = cases.collect(["header", "loader", "forward"])
+    work = runner.Workdir(tmp_path / "work")
+    try:
+        results = runner.run(sel, [backend], work)
+    finally:
+        work.close()
+    bad = [(r.case, r.outcome, r.detail[:300]) for r in results if r.outcome != "pass"]
+    assert not bad, bad
+    assert len(results) == len([c for c in sel if c.params.get("expected_from") != backend.name])
