@@ -176,6 +176,41 @@ def update_manifest(manifest: Path, row: list[str]) -> None:
     os.replace(tmp, manifest)
 
 
+def generate_cases(names: list[str], out_dir: Path, default_dir: Path, derive, oracle: str, version: str,
+                   script: str) -> list[Path]:
+    """Derive the files of every named case into out_dir and record them in a MANIFEST: golden/'s
+    (paths relative to golden/) when out_dir is the default folder, else out_dir's own."""
+    written = []
+    for name in names:
+        for path in derive(name, out_dir):
+            default = Path(out_dir) == default_dir
+            rel = path.relative_to(GOLDEN_DIR).as_posix() if default else path.name
+            manifest = GOLDEN_DIR / "MANIFEST" if default else Path(out_dir) / "MANIFEST"
+            update_manifest(manifest, [sha256(path), rel, oracle, version, "python", script, name])
+            written.append(path)
+    return written
+
+
+def cases_main(argv: list[str] | None, doc: str, cases, default_dir: Path, generate, script: str,
+               install_hint: str) -> int:
+    """The command line of a case-based golden generator (golden_logits.py, golden_tokenizers.py)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", metavar="NAME", help=f"cases (default all): {', '.join(cases)}")
+    ap.add_argument("--out", type=Path, default=default_dir, help="folder (default: %(default)s)")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if n not in cases]
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(cases)}")
+    try:
+        paths = generate(args.names or list(cases), args.out)
+    except ImportError as e:
+        print(f"{script}: the oracle is not installed ({e}); {install_hint}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(f"{p}: {p.stat().st_size} bytes")
+    return 0
+
+
 GOLDENS: dict[str, tuple[str, str, Callable[[], dict[str, np.ndarray]]]] = {
     # name: (file in golden/, oracle distribution, derive)
     "q4_0_round": ("q4_0_round_gguf.npz", "gguf", derive_q4_0_round),

@@ -13,7 +13,6 @@ The harness never computes these numbers: the reference forward is compared with
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from importlib import metadata
@@ -98,35 +97,13 @@ def derive(name: str, out_dir: Path) -> tuple[Path, Path]:
 
 
 def generate(names: list[str], out_dir: Path = OUT) -> list[Path]:
-    written = []
-    version = oracle_version()
-    for name in names:
-        for path in derive(name, out_dir):
-            rel = path.relative_to(GOLDEN_DIR).as_posix() if out_dir == OUT else path.name
-            manifest = GOLDEN_DIR / "MANIFEST" if out_dir == OUT else out_dir / "MANIFEST"
-            golden.update_manifest(manifest, [golden.sha256(path), rel, "transformers", version, "python",
-                                              "tools/golden_logits.py", name])
-            written.append(path)
-    return written
+    return golden.generate_cases(names, out_dir, OUT, derive, "transformers", oracle_version(),
+                                 "tools/golden_logits.py")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("names", nargs="*", metavar="NAME", help=f"cases (default all): {', '.join(CASES)}")
-    ap.add_argument("--out", type=Path, default=OUT, help="folder (default: %(default)s)")
-    args = ap.parse_args(argv)
-    unknown = [n for n in args.names if n not in CASES]
-    if unknown:
-        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(CASES)}")
-    try:
-        paths = generate(args.names or list(CASES), args.out)
-    except ImportError as e:
-        print(f"golden_logits.py: the oracle is not installed ({e}); pip install 'mlconf[oracle]'",
-              file=sys.stderr)
-        return 2
-    for p in paths:
-        print(f"{p}: {p.stat().st_size} bytes")
-    return 0
+    return golden.cases_main(argv, __doc__, CASES, OUT, generate, "golden_logits.py",
+                             "pip install 'mlconf[oracle]'")
 
 
 if __name__ == "__main__":

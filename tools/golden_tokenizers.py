@@ -32,7 +32,6 @@ with their own. Trained with their own, their vocab has no multi-digit piece and
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
@@ -290,35 +289,13 @@ def derive(name: str, out_dir: Path) -> list[Path]:
 
 
 def generate(names: list[str], out_dir: Path = OUT) -> list[Path]:
-    written = []
-    version = metadata.version(ORACLE)
-    for name in names:
-        for path in derive(name, out_dir):
-            rel = path.relative_to(GOLDEN_DIR).as_posix() if out_dir == OUT else path.name
-            manifest = GOLDEN_DIR / "MANIFEST" if out_dir == OUT else out_dir / "MANIFEST"
-            golden.update_manifest(manifest, [golden.sha256(path), rel, ORACLE, version, "python",
-                                              "tools/golden_tokenizers.py", name])
-            written.append(path)
-    return written
+    return golden.generate_cases(names, out_dir, OUT, derive, ORACLE, metadata.version(ORACLE),
+                                 "tools/golden_tokenizers.py")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("names", nargs="*", metavar="NAME", help=f"cases (default all): {', '.join(CASES)}")
-    ap.add_argument("--out", type=Path, default=OUT, help="folder (default: %(default)s)")
-    args = ap.parse_args(argv)
-    unknown = [n for n in args.names if n not in CASES]
-    if unknown:
-        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(CASES)}")
-    try:
-        paths = generate(args.names or list(CASES), args.out)
-    except ImportError as e:
-        print(f"golden_tokenizers.py: the oracle is not installed ({e}); pip install tokenizers",
-              file=sys.stderr)
-        return 2
-    for p in paths:
-        print(f"{p}: {p.stat().st_size} bytes")
-    return 0
+    return golden.cases_main(argv, __doc__, CASES, OUT, generate, "golden_tokenizers.py",
+                             "pip install tokenizers")
 
 
 if __name__ == "__main__":
