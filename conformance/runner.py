@@ -176,7 +176,11 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
         elif case.compare == "ids":
             mlt_path = work.tokenizer(case.params["golden"])
             session = backend.open_tokenizer(str(mlt_path))
-            got = [int(i) for i in session.encode(case.params["text"])]
+            try:
+                got = [int(i) for i in session.encode(case.params["text"])]
+            finally:
+                if hasattr(session, "close"):
+                    session.close()
             first = _first_diff(got, list(case.expected))
             r.got = got
             r.outcome = "pass" if first is None else "fail"
