@@ -1,7 +1,8 @@
 """Backends and their registry (``mlconf.backends``).
 
 Names (DESIGN.md): ``reference``, ``native`` (the C runtime, best ISA), ``native:scalar``,
-``native:avx2``, ``native:neon`` (one ISA forced), ``lib:PATH`` (any shared library exporting
+``native:avx2``, ``native:neon``, ``native:neon-dotprod`` (one ISA forced; the NEON ones under
+qemu-user on hosts that are not aarch64), ``lib:PATH`` (any shared library exporting
 backends/native/include/mlrt.h); later ``bitnet``. A name is resolved by ``get``;
 ``builtin_names`` lists the ones ``mlconf run`` uses when no backend is named.
 """
@@ -63,7 +64,7 @@ def _external(name: str) -> Backend:
 
 register("reference", _reference)
 register("native", _native, builtin=_native_available)
-for _isa in ("scalar", "avx2", "neon"):
+for _isa in ("scalar", "avx2", "neon", "neon-dotprod"):
     register(f"native:{_isa}", _native, builtin=False)
 register("lib:", _external)
 

@@ -74,10 +74,11 @@ SMOLLM2_135M = dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=15
 
 def write_bench_model(path: str | Path, wtype: str = "q8_0", seed: int = 0) -> Path:
     """A SmolLM2-135M-shaped .mlb with random weights (N(0, 0.02), norms 1): Q8_0, or Q4_0 with
-    the round rule (llama.cpp's), so both runtimes can be given the same weights."""
+    the round rule (llama.cpp's), so both runtimes can be given the same weights. Scales are f16,
+    GGML's block layout, so that tools/gguf_export.py hands llama.cpp the very same blocks."""
     from mlconf.tools import mlb
 
-    h = mlb.full_header({**SMOLLM2_135M, "wtype": 1 if wtype == "q8_0" else 2})
+    h = mlb.full_header({**SMOLLM2_135M, "wtype": 1 if wtype == "q8_0" else 2, "scale_f16": 1})
     rng = np.random.default_rng(seed)
     arrays = {}
     for name, (fmt, shape) in mlb.expected_arrays(h, None).items():
@@ -216,9 +217,10 @@ def native_kernel_bench(isas: tuple[str, ...] = ("scalar", "avx2", "neon")) -> t
 
 
 def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"), prompt: int = 64,
-                decode: int = 16, workdir: str | None = None) -> list[dict]:
+                decode: int = 16, workdir: str | None = None, llama_cpp: bool = False) -> list[dict]:
     """Decode and prefill tokens/s on the SmolLM2-135M-shaped random model, per backend and
-    weight type (in the same run), through each backend's own open_model/forward."""
+    weight type (in the same run), through each backend's own open_model/forward; with
+    ``llama_cpp``, also llama.cpp's on the same weights (the .mlb exported to GGUF beside it)."""
     import tempfile
 
     from mlconf.backends import get
@@ -242,7 +244,72 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
                     s.close()
                 out.append({"model": f"SmolLM2-135M shape {wtype}", "backend": name,
                             f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td})
+            if llama_cpp:
+                from mlconf.tools import gguf_export
+                gg = gguf_export.export(path, path.with_suffix(".gguf"))
+                r = llama_cpp_bench(str(gg), prompt, decode)
+                out.append({"model": f"SmolLM2-135M shape {wtype}", "backend": "llama.cpp",
+                            f"prefill{prompt}_tok_s": r[f"prefill{prompt}_tok_s"],
+                            "decode_tok_s": r["decode_tok_s"]})
+                gg.unlink()
     return out
+
+
+# ---------------------------------------------------------------- llama.cpp (extra `bench`)
+def llama_cpp_version() -> str | None:
+    """llama-cpp-python's version when it and gguf-py import (extra `bench`), else None."""
+    try:
+        import gguf  # noqa: F401  (tools/gguf_export.py writes the GGUF)
+        import llama_cpp
+    except (ImportError, OSError):  # OSError: the package is there but its libllama does not load
+        return None
+    return str(getattr(llama_cpp, "__version__", "?"))
+
+
+def _llama(gguf_path: str | Path, n_ctx: int, n_batch: int, threads: int, logits_all: bool):
+    import llama_cpp
+    return llama_cpp.Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                           n_threads=threads, n_threads_batch=threads, logits_all=logits_all,
+                           verbose=False)
+
+
+def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
+                    warmup: bool = True, repeat: int = 3) -> dict:
+    """llama.cpp's prefill (one eval of ``prompt`` tokens) and decode (``decode`` evals of one
+    token) tokens/s through llama-cpp-python, with model_bench's token ids; best of ``repeat``
+    (llama.cpp's threads spin-wait, so a busy machine can slow one run tenfold). Logits of the
+    last position only (logits_all=False, llama.cpp's default). ``warmup``: one single-token
+    eval first (faults the mmapped weights in, starts the threads), outside the timings."""
+    llm = _llama(gguf_path, prompt + decode, prompt, threads, False)
+    tp = td = float("inf")
+    try:
+        toks = [int(t) for t in np.arange(prompt) % llm.n_vocab()]
+        if warmup:
+            llm.eval(toks[:1])
+        for _ in range(max(1, repeat)):
+            llm.reset()  # the next eval starts at position 0 and drops the cached positions
+            t = time.perf_counter()
+            llm.eval(toks)
+            tp = min(tp, time.perf_counter() - t)
+            t = time.perf_counter()
+            for i in range(decode):
+                llm.eval(toks[i: i + 1])
+            td = min(td, time.perf_counter() - t)
+    finally:
+        llm.close()
+    return {"backend": "llama.cpp", "version": llama_cpp_version(), "threads": threads,
+            f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td}
+
+
+def llama_cpp_logits(gguf_path: str | Path, tokens, threads: int = 2) -> np.ndarray:
+    """llama.cpp's logits (len(tokens), vocab) float32 of tokens at positions 0, 1, ..."""
+    toks = [int(t) for t in tokens]
+    llm = _llama(gguf_path, len(toks), len(toks), threads, True)
+    try:
+        llm.eval(toks)
+        return np.array(llm.scores[: len(toks)], dtype=np.float32)
+    finally:
+        llm.close()
 
 
 # llama.cpp on a machine of this kind (2 threads, SmolLM2-135M), as issue 5 records them; shown
@@ -259,14 +326,32 @@ def native_report(out: str | Path | None = None) -> str:
     import platform
 
     bw, krows = native_kernel_bench()
-    mrows = model_bench(["native", "reference"])
-    for r in mrows:
-        wtype = r["model"].rsplit(" ", 1)[-1]
-        ref = LLAMA_CPP_FIGURES[wtype]
-        r["llama.cpp_decode*"] = ref["decode_tok_s"]
-        r["llama.cpp_prefill64*"] = ref["prefill64_tok_s"]
-        r["decode_vs_llama.cpp"] = r["decode_tok_s"] / ref["decode_tok_s"]
-        r["prefill_vs_llama.cpp"] = r["prefill64_tok_s"] / ref["prefill64_tok_s"]
+    version = llama_cpp_version()
+    mrows = model_bench(["native", "reference"], llama_cpp=version is not None)
+    if version is not None:  # measured in this run, on the same weights
+        llama = {r["model"]: r for r in mrows if r["backend"] == "llama.cpp"}
+        for r in mrows:
+            ref = llama[r["model"]]
+            r["decode_vs_llama.cpp"] = r["decode_tok_s"] / ref["decode_tok_s"]
+            r["prefill_vs_llama.cpp"] = r["prefill64_tok_s"] / ref["prefill64_tok_s"]
+        note = (f"llama.cpp is measured in this run (llama-cpp-python {version}, its own llama.cpp "
+                "build, 2 threads) on the same weights: each .mlb exported to GGUF by "
+                "tools/gguf_export.py (the same Q8_0 / Q4_0 blocks, f16 scales). llama.cpp: one "
+                "single-token warm-up eval, then the best of 3 runs, logits of the prompt's last "
+                "position only; ours: one run, every position's logits. llama.cpp's AVX2 kernels "
+                "in cache (issue 5): quantize_q8_0 24 cycles, dot_q8_0 4.2, dot_q4_0 5.6 per 32 values.")
+    else:
+        for r in mrows:
+            wtype = r["model"].rsplit(" ", 1)[-1]
+            ref = LLAMA_CPP_FIGURES[wtype]
+            r["llama.cpp_decode*"] = ref["decode_tok_s"]
+            r["llama.cpp_prefill64*"] = ref["prefill64_tok_s"]
+            r["decode_vs_llama.cpp"] = r["decode_tok_s"] / ref["decode_tok_s"]
+            r["prefill_vs_llama.cpp"] = r["prefill64_tok_s"] / ref["prefill64_tok_s"]
+        note = ("\\* llama.cpp figures are the ones issue 5 records for a machine of this kind (not "
+                "measured in this run: the `bench` extra with llama-cpp-python is not installed). "
+                "llama.cpp's AVX2 kernels in cache: quantize_q8_0 24 cycles, dot_q8_0 4.2, dot_q4_0 "
+                "5.6 per 32 values.")
     text = "\n".join([
         "# mlconf bench: native runtime", "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores. Read bandwidth (C kernel, 512 MB, "
@@ -275,10 +360,7 @@ def native_report(out: str | Path | None = None) -> str:
                                                               floatfmt=".4g"), "",
         "`of_read_bw` above 1 means the matrix stayed in cache (L3), not that memory was beaten.", "",
         "## SmolLM2-135M-shaped model (random weights), 2 threads", "",
-        tabulate(mrows, headers="keys", tablefmt="github", floatfmt=".4g"), "",
-        "\\* llama.cpp figures are the ones issue 5 records for a machine of this kind (not measured in "
-        "this run: the `bench` extra with llama-cpp-python is not installed). llama.cpp's AVX2 "
-        "kernels in cache: quantize_q8_0 24 cycles, dot_q8_0 4.2, dot_q4_0 5.6 per 32 values.", ""])
+        tabulate(mrows, headers="keys", tablefmt="github", floatfmt=".4g"), "", note, ""])
     if out is not None:
         from mlconf.tools.mlb import atomic_write
         Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -174,7 +174,9 @@ def test_every_runnable_isa_quantizes_bit_exactly():
 
 
 @pytest.mark.skipif(not X86, reason="neon runs natively on aarch64")
-def test_neon_is_unsupported_on_x86_with_the_reason(tmp_path):
+def test_neon_is_unsupported_on_x86_with_the_reason(tmp_path, monkeypatch):
+    # native:neon runs under qemu-user (tests/test_native_neon.py); without qemu it is unsupported
+    monkeypatch.setattr("mlconf.backends.native.qemu.QEMU", "qemu-aarch64-not-installed")
     b = get("native:neon")
     assert b.capabilities == frozenset()
     work = runner.Workdir(tmp_path / "work")

@@ -5,8 +5,10 @@ Every call goes to a worker process that owns the dlopen'ed library (worker.py),
 WorkerCrash naming the signal and a hang a WorkerTimeout, and the harness goes on. Capabilities
 come from the symbols the library exports (abi.CAPABILITY_SYMBOLS). Names:
   native          libmlrt.so with the best ISA of this machine (ml_isa() says which)
-  native:ISA      ISA forced with ml_set_isa (scalar, avx2, neon); an ISA this machine cannot run
-                  leaves the backend with no capability, so every case is unsupported, with why
+  native:ISA      ISA forced with ml_set_isa (scalar, avx2, neon, neon-dotprod); an ISA this machine
+                  cannot run leaves the backend with no capability, so every case is unsupported, with why
+                  (neon and neon-dotprod on a host that is not aarch64: the aarch64 build under
+                  qemu-user, qemu.py)
   lib:PATH        any library (mlconf.backends.external)
 Nothing here imports the reference backend: the cross-check stays independent.
 """
@@ -26,7 +28,7 @@ from . import abi
 
 HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libmlrt.so"      # pip install builds it here (editable installs: in the source tree)
-ISAS = ("scalar", "avx2", "neon")
+ISAS = ("scalar", "avx2", "neon", "neon-dotprod")
 DEFAULT_TIMEOUT = 60.0             # seconds per call; MLCONF_WORKER_TIMEOUT overrides it
 TIMEOUT_ENV = "MLCONF_WORKER_TIMEOUT"
 INT32 = (-2**31, 2**31 - 1)
@@ -54,16 +56,17 @@ def _int32(v: int, what: str) -> int:
 
 class LibraryBackend:
     """A library with the mlrt.h ABI, run in a worker process. ``timeout`` (seconds per call) may
-    be changed at any time; ``threads`` is given to ml_load (0: the number of cores)."""
+    be changed at any time; ``threads`` is given to ml_load (0: the number of cores). ``worker_class``:
+    the transport (default worker.Worker; qemu.QemuWorker for the aarch64 build under qemu-user)."""
 
     def __init__(self, name: str, lib_path: str | Path, isa: str | None = None,
-                 timeout: float | None = None, threads: int = 0):
+                 timeout: float | None = None, threads: int = 0, worker_class: type | None = None):
         from .worker import Worker
         self.name = name
         self.lib_path = str(lib_path)
         self.threads = threads
         self._lock = threading.Lock()
-        self._worker = Worker(self.lib_path, isa, timeout or default_timeout())
+        self._worker = (worker_class or Worker)(self.lib_path, isa, timeout or default_timeout())
         info = self._worker.start()          # BackendError if it cannot be loaded
         self.symbols = frozenset(info["symbols"])
         self.version, self.isa = info["version"], info["isa"]
@@ -297,6 +300,9 @@ def native_backend(name: str) -> LibraryBackend:
     spare = _SPARE.pop(name, None)
     if spare is not None:
         return spare
+    if isa in ("neon", "neon-dotprod") and platform.machine() not in ("aarch64", "arm64"):
+        from . import qemu
+        return LibraryBackend(name, " ".join(qemu.command()), isa=isa, worker_class=qemu.QemuWorker)
     if not LIBRARY.exists():
         raise BackendError(f"{name}: the native library {LIBRARY} is not built; `pip install .` builds it, "
                            "and in a source tree `python backends/native/build.py` rebuilds it")

@@ -1,24 +1,31 @@
 """Compile the native runtime (src/*.c) into a shared library exporting include/mlrt.h.
 
     python backends/native/build.py [OUT.so] [--sanitize] [--m32] [--cc CC]
+    python backends/native/build.py --worker [OUT] [--cc CC]     (build_worker: aarch64 by default)
 
 Used by the package build (setup.py) and by the tests (sanitizer and -m32 builds). C11, no
 third-party libraries, -Wall -Wextra -Werror. The SIMD kernel files get their ISA flags only
 where they apply (kern_avx2.c on x86-64, kern_neon*.c on aarch64); the ISA is chosen at run
 time from the CPU's features, so one library serves every x86-64 machine.
+
+build_worker links the same sources statically with worker_main.c into an executable, by default
+for aarch64 with the cross compiler: native:neon runs it under qemu-user on other hosts (qemu.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE / "src"
+WORKER_MAIN = HERE / "worker_main.c"
 CFLAGS = ["-std=c11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-fvisibility=hidden"]
 ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
     "kern_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
@@ -92,15 +99,53 @@ def build(out: str | Path, *, cc: str = "gcc", sanitize: bool = False, m32: bool
     return out
 
 
+def build_worker(out: str | Path, machine: str = "aarch64", cc: str = "aarch64-linux-gnu-gcc") -> Path:
+    """Compile worker_main.c and every source of ``machine`` (ISA files included) and link them
+    statically into the executable ``out`` (-static: qemu-user runs it without a sysroot). The
+    file appears at once (rename), so a worker running the previous binary is not disturbed.
+    Raises BuildError with the compiler's output."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.which(cc) is None:
+        raise BuildError(f"C compiler {cc!r} not found")
+    flags = [f for f in CFLAGS if f != "-fPIC"]
+    build_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.obj", dir=out.parent))
+    tmp = build_dir / out.name
+    try:
+        objs = []
+        for src, isa in [*sources(machine), (WORKER_MAIN, [])]:
+            obj = build_dir / (src.stem + ".o")
+            cmd = [cc, *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o", str(obj)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode:
+                raise BuildError(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
+            objs.append(str(obj))
+        link = [cc, *flags, "-static", "-o", str(tmp), *objs, "-lm", "-lpthread"]
+        r = subprocess.run(link, capture_output=True, text=True)
+        if r.returncode:
+            raise BuildError(f"{' '.join(link)}\n{r.stdout}{r.stderr}")
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", default=str(HERE / "libmlrt.so"))
+    ap.add_argument("out", nargs="?", help="default: libmlrt.so here (--worker: build-aarch64/mlrt-worker)")
     ap.add_argument("--sanitize", action="store_true", help="AddressSanitizer + UBSan build")
     ap.add_argument("--m32", action="store_true", help="32-bit build (gcc-multilib)")
-    ap.add_argument("--cc", default="gcc")
+    ap.add_argument("--cc", help="default: gcc (--worker: aarch64-linux-gnu-gcc)")
+    ap.add_argument("--worker", action="store_true",
+                    help="the static aarch64 worker executable of native:neon under qemu (build_worker)")
     args = ap.parse_args(argv)
     try:
-        print(build(args.out, cc=args.cc, sanitize=args.sanitize, m32=args.m32))
+        if args.worker:
+            print(build_worker(args.out or HERE / "build-aarch64" / "mlrt-worker",
+                               cc=args.cc or "aarch64-linux-gnu-gcc"))
+        else:
+            print(build(args.out or HERE / "libmlrt.so", cc=args.cc or "gcc", sanitize=args.sanitize,
+                        m32=args.m32))
     except BuildError as e:
         print(f"build.py: {e}", file=sys.stderr)
         return 1

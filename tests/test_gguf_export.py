@@ -1,0 +1,233 @@
+"""tools/gguf_export.py: the GGUF holds the .mlb's weights, names and hyperparameters.
+
+Checked with gguf-py's reader and dequantizer (independent of the exporter's block packing), and,
+when llama-cpp-python (extra `bench`) is installed, by llama.cpp's own forward pass against the
+reference forward in float semantics.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from mlconf import fixtures as mlfixtures  # noqa: E402
+from mlconf.backends.reference.forward import Forward  # noqa: E402
+from mlconf.tools import gguf_export, mlb  # noqa: E402
+
+HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+FIXTURES = ["q8_f16", "q4_round_f16", "q4_mask_b"]  # f16 scales; q4_mask_b mixes Q4_0 and Q8_0
+BASE = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab=35, max_seq=64,
+            rope_theta=10000.0, norm_eps=1e-5, scale_f16=1)
+# Models written here: llama-style variants the exporter maps (header overrides, q4 rule).
+CUSTOM = {
+    "shared_q4_mask": ({"wtype": 2, "shared_classifier": 1, "q8_mask": 36}, "round"),
+    "head_dim": ({"dim": 96, "head_dim": 32, "n_kv_heads": 4}, "search"),
+    "rot_dim": ({"rot_dim": 8}, "search"),  # refused: llama.cpp's llama rotates whole heads
+    "rope_llama3": ({"rope_type": 1, "rope_factor": 8.0, "rope_low_freq_factor": 1.0,
+                     "rope_high_freq_factor": 4.0, "rope_orig_max_seq": 32, "rope_theta": 5e5}, "search"),
+    "rope_linear": ({"wtype": 2, "rope_type": 2, "rope_factor": 2.0}, "round"),
+    "vocab3": ({"vocab": 3}, "search"),
+}
+EXPORTED = FIXTURES + [n for n in CUSTOM if n != "rot_dim"]
+
+
+def _write(path: Path, header: dict, q4_rule: str, seed: int = 0) -> Path:
+    h = mlb.full_header({**BASE, "wtype": 1, **header})
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name, (fmt, shape) in mlb.expected_arrays(h, None).items():
+        sd, mean = (0.1, 1.0) if fmt == "F32" else (0.05, 0.0)
+        arrays[name] = (mean + rng.normal(0, sd, shape)).astype(np.float32)
+    mlb.write(path, h, arrays, q4_rule=q4_rule)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("gguf_export")
+    mlfixtures.generate(out, only={f"valid/{n}.mlb" for n in FIXTURES + ["q8_min", "qwen2", "rope_yarn"]})
+    paths = {n: out / "valid" / f"{n}.mlb" for n in FIXTURES + ["q8_min", "qwen2", "rope_yarn"]}
+    for n, (header, rule) in CUSTOM.items():
+        paths[n] = _write(out / f"{n}.mlb", header, rule)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def exported(models) -> dict[str, Path]:
+    return {n: gguf_export.export(models[n], models[n].with_suffix(".gguf")) for n in EXPORTED}
+
+
+def _field(r, key: str):
+    return r.fields[key].contents()
+
+
+def _expected_names(m: mlb.Model) -> dict[str, str]:
+    """GGUF tensor name -> .mlb array or matrix name, written out from llama.cpp's names."""
+    names = {"token_embd.weight": "tok_emb", "output_norm.weight": "final_norm"}
+    if not m.header["shared_classifier"]:
+        names["output.weight"] = "wcls"
+    ours = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
+            "ffn_norm": "ffn_norm", "ffn_gate": "w1", "ffn_down": "w2", "ffn_up": "w3"}
+    for i in range(m.header["n_layers"]):
+        names.update({f"blk.{i}.{k}.weight": f"layers.{i}.{v}" for k, v in ours.items()})
+    return names
+
+
+@pytest.mark.parametrize("name", EXPORTED)
+def test_tensors_hold_the_same_weights(models, exported, name):
+    m = mlb.read(models[name])
+    r = gguf.GGUFReader(exported[name])
+    tensors = {t.name: t for t in r.tensors}
+    want = _expected_names(m)
+    if m.header["rope_type"] == 1:
+        want["rope_freqs.weight"] = None
+    assert set(tensors) == set(want)
+    for gname, ours in want.items():
+        if ours is None:
+            continue
+        t = tensors[gname]
+        fmt = next(a.fmt for a in m.table if a.name in (ours, f"{ours}.q"))
+        assert t.tensor_type.name == fmt, gname
+        got = gguf.quants.dequantize(t.data, t.tensor_type).reshape(m.weights(ours).shape)
+        np.testing.assert_array_equal(got, m.weights(ours), err_msg=gname)  # no permutation
+
+
+def test_llama3_rope_freqs(models, exported):
+    """rope_freqs divides each pair's frequency: plain base^(-2i/rot) / factor = the scaled one."""
+    from mlconf.backends.reference.forward import rope_inv_freq
+
+    m = mlb.read(models["rope_llama3"])
+    r = gguf.GGUFReader(exported["rope_llama3"])
+    ff = next(t for t in r.tensors if t.name == "rope_freqs.weight").data
+    rot = m.derived["rot_dim"]
+    plain = 500000.0 ** (-2.0 * np.arange(rot // 2) / rot)
+    np.testing.assert_allclose(plain / ff, rope_inv_freq(m.header, rot, False), rtol=1e-6)
+    assert ff[0] == 1 and ff[-1] == 8  # high frequencies unscaled, low ones by the factor
+
+
+@pytest.mark.parametrize("name", EXPORTED)
+def test_hyperparameters(models, exported, name):
+    m = mlb.read(models[name])
+    h, d = m.header, m.derived
+    r = gguf.GGUFReader(exported[name])
+    assert _field(r, "general.architecture") == "llama"
+    want = {"context_length": h["max_seq"], "embedding_length": h["dim"], "block_count": h["n_layers"],
+            "feed_forward_length": h["hidden_dim"], "attention.head_count": h["n_heads"],
+            "attention.head_count_kv": h["n_kv_heads"], "rope.dimension_count": d["rot_dim"],
+            "vocab_size": h["vocab"]}
+    for k, v in want.items():
+        assert _field(r, f"llama.{k}") == v, k
+    assert _field(r, "llama.rope.freq_base") == np.float32(h["rope_theta"])
+    assert _field(r, "llama.attention.layer_norm_rms_epsilon") == np.float32(h["norm_eps"])
+    if d["head_dim"] * h["n_heads"] != h["dim"]:
+        assert _field(r, "llama.attention.key_length") == d["head_dim"]
+        assert _field(r, "llama.attention.value_length") == d["head_dim"]
+    else:
+        assert "llama.attention.key_length" not in r.fields
+    if h["rope_type"] == 2:
+        assert _field(r, "llama.rope.scaling.type") == "linear"
+        assert _field(r, "llama.rope.scaling.factor") == np.float32(h["rope_factor"])
+    assert _field(r, "general.file_type") == (7 if h["wtype"] == 1 else 2)
+    assert _field(r, "tokenizer.ggml.model") == "llama"
+    assert len(_field(r, "tokenizer.ggml.tokens")) == h["vocab"]
+    assert len(_field(r, "tokenizer.ggml.scores")) == h["vocab"]
+    assert _field(r, "tokenizer.ggml.bos_token_id") == 1
+    assert _field(r, "tokenizer.ggml.eos_token_id") == 2
+
+
+def test_f32_scales_exact_in_f16_are_accepted(tmp_path):
+    """Q8_0 with f32 scales 2^-12 (every block's largest magnitude 127 x 2^-12) exports as is."""
+    h = mlb.full_header({**BASE, "scale_f16": 0, "wtype": 1})
+    rng = np.random.default_rng(1)
+    arrays = {}
+    for name, (fmt, shape) in mlb.expected_arrays(h, None).items():
+        if fmt == "F32":
+            arrays[name] = np.ones(shape, np.float32)
+            continue
+        x = rng.integers(-126, 127, shape).astype(np.float32)
+        x[..., ::32] = 127
+        arrays[name] = x * np.float32(2.0**-12)
+    p = tmp_path / "exact.mlb"
+    mlb.write(p, h, arrays)
+    out = gguf_export.export(p, tmp_path / "exact.gguf")
+    m = mlb.read(p)
+    t = next(t for t in gguf.GGUFReader(out).tensors if t.name == "blk.1.ffn_down.weight")
+    np.testing.assert_array_equal(gguf.quants.dequantize(t.data, t.tensor_type), m.weights("layers.1.w2"))
+
+
+@pytest.mark.parametrize("name, words", [("q8_min", ["scale_f16 = 1", "not exact in f16"]),
+                                         ("qwen2", ["qkv_bias"]), ("rope_yarn", ["yarn"]),
+                                         ("rot_dim", ["rot_dim = 8", "16 dims"])])
+def test_refused(models, tmp_path, name, words):
+    out = tmp_path / f"{name}.gguf"
+    with pytest.raises(gguf_export.ExportError) as e:
+        gguf_export.export(models[name], out)
+    assert all(w in str(e.value) for w in words)
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_script(models, tmp_path, capsys):
+    assert gguf_export.main([str(models["q8_f16"]), str(tmp_path / "a.gguf")]) == 0
+    assert (tmp_path / "a.gguf").stat().st_size > 0
+    assert gguf_export.main([str(models["q8_min"]), str(tmp_path / "b.gguf")]) == 2
+    assert "scale_f16" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- llama.cpp runs the export
+def _nmse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sum((a - b) ** 2) / np.sum(b**2))
+
+
+@pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python (extra 'bench') is not installed")
+@pytest.mark.parametrize("name", EXPORTED)
+def test_llama_cpp_logits_match_reference(models, exported, name):
+    """llama.cpp (Q8_0 activations, f16 KV cache) against the reference's float semantics: NMSE
+    below 1e-3 (about 1e-4 here; the RoPE test below gives 5e-3 for a wrong pair order), and at
+    every position llama.cpp's top token is the reference's or within the row's error of it
+    (random tiny models have near ties)."""
+    from mlconf.bench import llama_cpp_logits
+
+    m = mlb.read(models[name])
+    toks = np.array([1, 5, 9, 20, 34, 3, 7, 11, 0, 2, 30, 17]) % m.header["vocab"]
+    ref = Forward(m, float_mode=True).forward(toks, 0)
+    got = llama_cpp_logits(exported[name], toks)
+    assert got.shape == ref.shape
+    assert _nmse(got, ref) < 1e-3, _nmse(got, ref)
+    rows = np.arange(len(toks))
+    err = np.sqrt(np.mean((got - ref) ** 2, axis=1))
+    gap = ref.max(axis=1) - ref[rows, got.argmax(axis=1)]
+    assert (gap <= 3 * err).all(), (gap, err)
+    assert np.mean(got.argmax(axis=1) == ref.argmax(axis=1)) >= 0.75
+
+
+@pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python (extra 'bench') is not installed")
+def test_llama_cpp_sees_a_wrong_rope_pair_order(models, tmp_path, monkeypatch):
+    """The logits check is tight enough: q and k rows put in rotate-half order fail it."""
+    from mlconf.bench import llama_cpp_logits
+
+    blocks = gguf_export.ggml_blocks
+
+    def halves(fmt, q, d, where):
+        b = blocks(fmt, q, d, where)
+        if where.endswith(("wq", "wk")):
+            b = b.reshape(-1, 16, b.shape[1])[:, np.r_[0:16:2, 1:16:2]].reshape(b.shape)
+        return b
+    monkeypatch.setattr(gguf_export, "ggml_blocks", halves)
+    m = mlb.read(models["q4_round_f16"])
+    toks = np.array([1, 5, 9, 20, 34, 3, 7, 11, 0, 2, 30, 17])
+    got = llama_cpp_logits(gguf_export.export(models["q4_round_f16"], tmp_path / "halves.gguf"), toks)
+    assert _nmse(got, Forward(m, float_mode=True).forward(toks, 0)) > 1e-3
+
+
+@pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python (extra 'bench') is not installed")
+def test_llama_cpp_bench_rates(exported):
+    from mlconf.bench import llama_cpp_bench, llama_cpp_version
+
+    r = llama_cpp_bench(exported["q8_f16"], prompt=8, decode=4, repeat=1)
+    assert r["prefill8_tok_s"] > 0 and r["decode_tok_s"] > 0
+    assert r["version"] == llama_cpp_version() is not None

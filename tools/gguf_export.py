@@ -1,0 +1,211 @@
+"""Export an MLB v1 model to GGUF (llama.cpp's "llama" architecture) holding the same weights.
+
+    python tools/gguf_export.py MODEL.mlb OUT.gguf
+
+Library: ``export(mlb_path, gguf_path) -> Path`` (mlconf.tools.gguf_export); needs gguf-py
+(extra `oracle`). Used by `mlconf bench native` to time llama.cpp on the weights ours runs.
+
+What maps to what:
+  - matrices: the .mlb's quants and scales are copied, not requantized, into GGML blocks (Q8_0:
+    f16 d then 32 int8; Q4_0: f16 d then 16 bytes, element j in the low nibble and j + 16 in the
+    high one, the .mlb's own packing). GGML scales are f16, so the .mlb must store f16 scales
+    (scale_f16 = 1) or f32 scales that f16 holds exactly; any other is refused, never rounded.
+  - RoPE: the .mlb rotates interleaved pairs (2i, 2i+1) of the dims of a head,
+    which is llama.cpp's NORM rope of the llama architecture (convert_hf_to_gguf.py permutes HF's
+    rotate-half rows to that order, as tools/convert.py does), so q and k rows are not permuted.
+    llama3 scaling becomes rope_freqs (per-pair divisors of the frequency, as llama.cpp's
+    converter writes it), linear scaling rope.scaling.type/factor; yarn is refused.
+  - tokenizer: a placeholder SentencePiece ("llama") vocabulary of `vocab` tokens (0 <unk>,
+    1 <s>, 2 </s> as the format's BOS/EOS, 3 <0x0A> which llama.cpp looks up at load); enough
+    to load the model and feed it token ids, not to tokenize text.
+Header features the llama architecture does not have (biases, q/k norms, windows, layer flags,
+GELU, post norms, embedding or attention scales, softcaps, gates, linear attention, a rot_dim
+below head_dim) are refused with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from mlconf.tools import mlb
+
+# Header fields that must be zero (the llama architecture has no counterpart).
+UNSUPPORTED = ("qkv_bias", "qk_norm", "sliding_window", "act", "post_norms", "attn_scale",
+               "attn_softcap", "final_softcap", "attn_gate", "lin_k_heads", "lin_v_heads",
+               "lin_k_dim", "lin_v_dim", "lin_conv", "rope_local_theta")
+# .mlb matrix -> llama.cpp tensor of a layer.
+LAYER_NAMES = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
+               "wo": "attn_output", "ffn_norm": "ffn_norm", "w1": "ffn_gate", "w2": "ffn_down",
+               "w3": "ffn_up"}
+BLOCK = 32
+
+
+class ExportError(ValueError):
+    """A model this exporter cannot write as a llama GGUF with the same weights."""
+
+
+def gguf_name(name: str) -> str:
+    """llama.cpp's tensor name of an .mlb array or matrix name (without .q/.d)."""
+    if name == "tok_emb":
+        return "token_embd.weight"
+    if name == "final_norm":
+        return "output_norm.weight"
+    if name == "wcls":
+        return "output.weight"
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == "layers" and parts[2] in LAYER_NAMES:
+        return f"blk.{parts[1]}.{LAYER_NAMES[parts[2]]}.weight"
+    raise ExportError(f"array {name!r} has no llama.cpp counterpart")
+
+
+def f16_scales(d: np.ndarray, where: str) -> np.ndarray:
+    """The scales as f16, refusing f32 scales that f16 does not hold exactly."""
+    d = np.asarray(d)
+    if d.dtype.itemsize == 2:
+        return d.astype("<f2")
+    with np.errstate(over="ignore"):
+        d16 = d.astype("<f2")
+    bad = d16.astype(np.float32) != d
+    if bad.any():
+        i = int(np.flatnonzero(bad.ravel())[0])
+        raise ExportError(f"{where}: scale {float(d.ravel()[i])!r} (block {i}) is not exact in f16 and "
+                          f"GGML stores f16 scales; write the .mlb with scale_f16 = 1")
+    return d16
+
+
+def ggml_blocks(fmt: str, q: np.ndarray, d: np.ndarray, where: str) -> np.ndarray:
+    """(rows, bytes per row) uint8 of GGML Q8_0 / Q4_0 blocks from an .mlb matrix's q and d."""
+    rows, nb = d.shape
+    per = BLOCK if fmt == "Q8_0" else BLOCK // 2
+    qb = np.ascontiguousarray(q).view(np.uint8).reshape(rows, nb, per)
+    db = np.ascontiguousarray(f16_scales(d, where)).view(np.uint8).reshape(rows, nb, 2)
+    return np.concatenate([db, qb], axis=2).reshape(rows, nb * (2 + per))
+
+
+def _check(m: mlb.Model) -> None:
+    h = m.header
+    for k in UNSUPPORTED:
+        if h[k]:
+            raise ExportError(f"{m.path}: header {k} = {h[k]!r}: the llama architecture has no counterpart")
+    if h["embed_scale"] not in (0.0, 1.0):
+        raise ExportError(f"{m.path}: header embed_scale = {h['embed_scale']!r}: the llama architecture "
+                          f"does not scale the embedding")
+    if h["rope_type"] == 3:
+        raise ExportError(f"{m.path}: header rope_type = 3 (yarn) is not exported")
+    if m.derived["rot_dim"] != m.derived["head_dim"]:  # llama.cpp: "invalid n_rot" otherwise
+        raise ExportError(f"{m.path}: header rot_dim = {h['rot_dim']}: the llama architecture rotates "
+                          f"whole heads ({m.derived['head_dim']} dims)")
+    if m.flags is not None and any(m.flags):
+        raise ExportError(f"{m.path}: layer flags {list(m.flags)}: the llama architecture has none")
+
+
+def rope_freq_factors(h: dict, rot_dim: int) -> np.ndarray:
+    """llama.cpp's rope_freqs: per pair, plain inverse frequency over the scaled one (llama3)."""
+    from mlconf.backends.reference.forward import rope_inv_freq
+
+    plain = rope_inv_freq({**h, "rope_type": 0}, rot_dim, False)
+    return (plain / rope_inv_freq(h, rot_dim, False)).astype(np.float32)
+
+
+def placeholder_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
+    """Texts, scores and token types of a SentencePiece vocabulary llama.cpp loads."""
+    from gguf import TokenType
+
+    texts = ["<unk>", "<s>", "</s>", "<0x0A>"] + [f"<t{i}>" for i in range(4, n)]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL, TokenType.BYTE] + \
+        [TokenType.NORMAL] * (n - 4)
+    texts, types = texts[:n], [int(t) for t in types[:n]]
+    if n == 3:  # no room for <0x0A>: llama.cpp falls back to looking up "\n"
+        texts[0] = "\n"
+    return texts, [0.0] * n, types
+
+
+def export(mlb_path: str | os.PathLike, gguf_path: str | os.PathLike) -> Path:
+    """Write ``gguf_path`` (architecture llama) with the weights of the .mlb at ``mlb_path``."""
+    import gguf
+
+    m = mlb.read(mlb_path)
+    _check(m)
+    h, dv = m.header, m.derived
+    qtypes = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
+    out = Path(gguf_path)
+    w = gguf.GGUFWriter(None, "llama")
+    w.add_name(Path(m.path).stem)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if h["wtype"] == 1 else gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_context_length(h["max_seq"])
+    w.add_embedding_length(h["dim"])
+    w.add_block_count(h["n_layers"])
+    w.add_feed_forward_length(h["hidden_dim"])
+    w.add_head_count(h["n_heads"])
+    w.add_head_count_kv(h["n_kv_heads"])
+    if dv["head_dim"] * h["n_heads"] != h["dim"]:  # head_dim override
+        w.add_key_length(dv["head_dim"])
+        w.add_value_length(dv["head_dim"])
+    w.add_rope_dimension_count(dv["rot_dim"])
+    w.add_rope_freq_base(h["rope_theta"])
+    w.add_layer_norm_rms_eps(h["norm_eps"])
+    w.add_vocab_size(h["vocab"])
+    if h["rope_type"] == 2:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(h["rope_factor"])
+    texts, scores, types = placeholder_vocab(h["vocab"])
+    w.add_tokenizer_model("llama")
+    w.add_token_list(texts)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+
+    if h["rope_type"] == 1:
+        w.add_tensor("rope_freqs.weight", rope_freq_factors(h, dv["rot_dim"]))
+    for a in m.table:
+        if a.part == "d":
+            continue
+        if a.fmt == "F32":
+            w.add_tensor(gguf_name(a.name), np.asarray(m.arrays[a.name], dtype=np.float32))
+            continue
+        fmt, q, d = m.matrix(a.matrix)
+        blocks = ggml_blocks(fmt, np.asarray(q), np.asarray(d), f"{m.path}: {a.matrix}")
+        w.add_tensor(gguf_name(a.matrix), blocks, raw_dtype=qtypes[fmt])
+
+    # Written beside the target and renamed, so no partial file is left behind.
+    tmp = out.with_name(f".{out.name}.part")
+    try:
+        w.write_header_to_file(tmp)
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gguf_export.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", metavar="MODEL.mlb")
+    ap.add_argument("output", metavar="OUT.gguf")
+    args = ap.parse_args(argv)
+    try:
+        export(args.model, args.output)
+    except (ExportError, mlb.MLBError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"error: {e} (gguf-py is in the 'oracle' extra)", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
