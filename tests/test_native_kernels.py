@@ -9,7 +9,9 @@ runnable on this machine is compared:
   hypothesis-drawn blocks; non-finite blocks (refused by the API) give the scalar twin's bytes;
 - isums_q8_0 / isums_q4_0: exact int32 block sums, against NumPy integer arithmetic;
 - dot_q8_0 / dot_q4_0: within a relative tolerance of the exact float64 combination, and
-  bit-identical to the scalar twin (all ISAs share one float order; see src/kern_scalar.c).
+  bit-identical to the scalar twin (all ISAs share one float order; see src/kern_scalar.c);
+- dot4_q8_0 / dot4_q4_0 (one weight row, four activation rows): each row bit-identical to the
+  single-row dot, on every ISA and against the scalar twin.
 NEON is checked by cross-compiling tests/neon_main.c with the kernel sources (aarch64-linux-gnu-gcc
 -static) and running it under qemu-aarch64 with and without the dot-product extension; the pool
 (src/pool.c) by tests/pool_main.c, also under ThreadSanitizer.
@@ -95,6 +97,12 @@ class Kernels:
         rc, out = self.call(isa, f"dot_{fmt}", x.size, w, x, wd, xd)
         assert rc == ML_OK
         return out[:4].view(np.float32)[0]
+
+    def dot4(self, isa, fmt, w, wd, x4, xd4):
+        """One weight row against the four rows of x4 (4 x n int8) and xd4 (4 x nb float32)."""
+        rc, out = self.call(isa, f"dot4_{fmt}", x4.shape[1], w, x4, wd, xd4, out_bytes=16)
+        assert rc == ML_OK
+        return out[:16].view(np.float32).copy()
 
 
 @pytest.fixture(scope="session")
@@ -355,6 +363,34 @@ def test_dots(kern, isa):
                 assert abs(float(got) - terms.sum()) <= 1e-5 * np.abs(terms).sum() + 1e-30, what
                 want = kern.dot("scalar", fmt, w, wd, x, xd)
                 assert np.float32(got).tobytes() == np.float32(want).tobytes(), f"{what} vs scalar"
+
+
+def test_dot4_equals_single_row_dots(kern, isa):
+    """The four-row dots (prefill's matmul) give each row exactly the single-row dot's bits, on
+    every ISA and against the scalar twin: batched and one-token-at-a-time forwards agree."""
+    rng = np.random.default_rng(13)
+    cases = []
+    for nb in NBS + [18, 48, 128]:
+        for _ in range(3):
+            w8, w4, _x = int_inputs(rng, nb)
+            x4 = rng.integers(-127, 128, (4, nb * BLOCK)).astype(np.int8)
+            wd = (rng.uniform(-1, 1, nb) * np.exp2(rng.integers(-14, 6, nb))).astype(np.float32)
+            xd4 = (rng.uniform(0, 1, (4, nb)) * np.exp2(rng.integers(-14, 6, (4, nb)))).astype(np.float32)
+            cases.append((f"random nb={nb}", w8, w4, wd, x4, xd4))
+    for a in (127, -127):  # the largest sums; Q4_0 nibbles 0 (-8) and 15 (7)
+        w4 = np.full(9 * 16, 0x00 if a > 0 else 0xFF, np.uint8)
+        x4 = np.stack([np.full(9 * BLOCK, v, np.int8) for v in (127, -127, 127, -127)])
+        cases.append((f"extremes {a}", np.full(9 * BLOCK, a, np.int8), w4, np.ones(9, np.float32), x4,
+                      np.ones((4, 9), np.float32)))
+    for what, w8, w4, wd, x4, xd4 in cases:
+        for fmt, w in (("q8_0", w8), ("q4_0", w4)):
+            got = kern.dot4(isa, fmt, w, wd, x4, xd4)
+            for r in range(4):
+                one = kern.dot(isa, fmt, w, wd, x4[r], xd4[r])
+                want = kern.dot("scalar", fmt, w, wd, x4[r], xd4[r])
+                tag = f"{isa} dot4_{fmt} {what} row {r}"
+                assert got[r].tobytes() == np.float32(one).tobytes(), f"{tag} vs dot"
+                assert got[r].tobytes() == np.float32(want).tobytes(), f"{tag} vs scalar"
 
 
 # ---------------------------------------------------------------- C drivers: NEON under qemu, the pool

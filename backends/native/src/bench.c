@@ -110,24 +110,30 @@ ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, in
 }
 
 /* Nanoseconds per call of one kernel on n values (in cache): op "quantize_q8_0", "dot_q8_0",
- * "dot_q4_0". Negative if the ISA or op is unknown. */
+ * "dot_q4_0", or "dot4_q8_0", "dot4_q4_0" (one weight row against four activation rows: a call
+ * does four dots). Negative if the ISA or op is unknown. */
 ML_API double mlrt_bench_kernel(const char *isa, const char *op, int n, int iters) {
     const ml_kernel_table *k = ml_kernels_named(isa);
     if (!k || n <= 0 || n % QK) return -1.0;
     int nb = n / QK;
     float *xf = malloc((size_t)n * sizeof(float));
-    int8_t *q = malloc((size_t)n);
+    int8_t *q = malloc((size_t)n * 4); /* four activation rows for dot4 */
     uint8_t *w = malloc((size_t)n);
-    float *d = malloc((size_t)nb * sizeof(float));
+    float *d = malloc((size_t)nb * 4 * sizeof(float));
     double best = -1.0;
     if (xf && q && w && d) {
         uint32_t s = 777u;
         for (int i = 0; i < n; i++) xf[i] = (float)((int)(next(&s) % 2001u) - 1000) * 1e-3f;
         for (int i = 0; i < n; i++) w[i] = (uint8_t)(int8_t)((int)(next(&s) % 255u) - 127);
-        k->quantize_q8_0(xf, n, q, d);
+        for (int r = 0; r < 4; r++) k->quantize_q8_0(xf, n, q + (size_t)r * n, d + (size_t)r * nb);
+        const int8_t *xs[4] = {q, q + n, q + 2 * (size_t)n, q + 3 * (size_t)n};
+        const float *xds[4] = {d, d + nb, d + 2 * nb, d + 3 * nb};
+        float y[4];
         int which = !strcmp(op, "quantize_q8_0") ? 0
                   : !strcmp(op, "dot_q8_0")    ? 1
                   : !strcmp(op, "dot_q4_0")    ? 2
+                  : !strcmp(op, "dot4_q8_0")   ? 3
+                  : !strcmp(op, "dot4_q4_0")   ? 4
                                                : -1;
         if (which >= 0) {
             volatile float sink = 0.0f;
@@ -138,7 +144,12 @@ ML_API double mlrt_bench_kernel(const char *isa, const char *op, int n, int iter
                 for (int r = 0; r < reps; r++) {
                     if (which == 0) k->quantize_q8_0(xf, n, q, d);
                     else if (which == 1) sink += k->dot_q8_0(nb, (const int8_t *)w, d, q, d);
-                    else sink += k->dot_q4_0(nb, w, d, q, d);
+                    else if (which == 2) sink += k->dot_q4_0(nb, w, d, q, d);
+                    else {
+                        if (which == 3) k->dot4_q8_0(nb, (const int8_t *)w, d, xs, xds, y);
+                        else k->dot4_q4_0(nb, w, d, xs, xds, y);
+                        sink += y[0] + y[3];
+                    }
                 }
                 double dt = (now() - t0) / reps;
                 if (dt < best) best = dt;

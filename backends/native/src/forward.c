@@ -5,7 +5,8 @@
  *   RoPE        inverse frequencies and angles in double, as the reference computes them
  *   small ops   rmsnorm, activations, softcap
  *   matmul      each input row quantized to Q8_0 once, then every weight row dotted with every
- *               token of the chunk (one pass over the weights per chunk), rows split over the pool
+ *               token of the chunk, four tokens per kernel call (one pass over the weights per
+ *               chunk), rows split over the pool
  *   layers      attention, linear attention (the gated delta rule), FFN
  *   ml_forward  argument checks, then the tokens in chunks of at most CHUNK
  *
@@ -193,9 +194,11 @@ static void add_rows(float *x, const float *a, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = x[i] + a[i];
 }
 
-/* split [0, n) over the pool (or run it here when the model has none) */
-static void run(struct ml_model *m, int64_t n, void (*fn)(void *, int64_t, int64_t), void *arg) {
-    if (m->pool) ml_pool_run(m->pool, n, fn, arg);
+/* Split [0, n) over the pool, or run it here when the model has none or when `work` (in block
+ * dots, ~0.5 ns each) is below MIN_POOL_WORK: half of it saves less than handing it over costs. */
+#define MIN_POOL_WORK 2048
+static void run(struct ml_model *m, int64_t n, int64_t work, void (*fn)(void *, int64_t, int64_t), void *arg) {
+    if (m->pool && work >= MIN_POOL_WORK) ml_pool_run(m->pool, n, fn, arg);
     else fn(arg, 0, n);
 }
 
@@ -234,34 +237,47 @@ static void quantize(fstate *s, const float *x, int n, int cols) {
 
 typedef struct {
     const ml_matrix *w;
-    const fstate *s;
     const ml_kernel_table *k;
     float *out;
     int n;
+    const int8_t *xq[CHUNK]; /* token t's quantized input and its scales */
+    const float *xd[CHUNK];
 } matmul_job;
 
-/* rows r0..r1 of W against every token: each weight row is read once for the whole chunk */
+/* rows r0..r1 of W against every token: each weight row is read once for the whole chunk, four
+ * tokens per kernel call (dot4 gives each token the single-row dot's bits: batched == one at a time) */
 static void matmul_rows(void *arg, int64_t r0, int64_t r1) {
     const matmul_job *j = arg;
     const ml_matrix *w = j->w;
-    int nb = w->cols / QK;
+    const ml_kernel_table *k = j->k;
+    int nb = w->cols / QK, n = j->n;
+    size_t rows = (size_t)w->rows;
     for (int64_t r = r0; r < r1; r++) {
         const float *wd = w->d + r * nb;
-        for (int t = 0; t < j->n; t++) {
-            const int8_t *xq = j->s->xq + (size_t)t * w->cols;
-            const float *xd = j->s->xd + (size_t)t * nb;
-            float y = w->fmt == ML_FMT_Q8_0
-                ? j->k->dot_q8_0(nb, (const int8_t *)w->q + r * w->cols, wd, xq, xd)
-                : j->k->dot_q4_0(nb, (const uint8_t *)w->q + r * (nb * 16), wd, xq, xd);
-            j->out[(size_t)t * w->rows + r] = y;
+        const int8_t *w8 = (const int8_t *)w->q + r * w->cols;
+        const uint8_t *w4 = (const uint8_t *)w->q + r * (nb * 16);
+        float *out = j->out + r;
+        float y[4];
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            if (w->fmt == ML_FMT_Q8_0) k->dot4_q8_0(nb, w8, wd, j->xq + t, j->xd + t, y);
+            else k->dot4_q4_0(nb, w4, wd, j->xq + t, j->xd + t, y);
+            for (int i = 0; i < 4; i++) out[(size_t)(t + i) * rows] = y[i];
         }
+        for (; t < n; t++)
+            out[(size_t)t * rows] = w->fmt == ML_FMT_Q8_0 ? k->dot_q8_0(nb, w8, wd, j->xq[t], j->xd[t])
+                                                          : k->dot_q4_0(nb, w4, wd, j->xq[t], j->xd[t]);
     }
 }
 
 /* out[t][r] = W·x[t] for the n tokens last quantized (out: n x rows) */
 static void matmul(struct ml_model *m, fstate *s, float *out, const ml_matrix *w, int n) {
-    matmul_job j = {w, s, ml_kernels(), out, n};
-    run(m, w->rows, matmul_rows, &j);
+    matmul_job j = {.w = w, .k = ml_kernels(), .out = out, .n = n};
+    for (int t = 0; t < n; t++) {
+        j.xq[t] = s->xq + (size_t)t * w->cols;
+        j.xd[t] = s->xd + (size_t)t * (w->cols / QK);
+    }
+    run(m, w->rows, (int64_t)w->rows * (w->cols / QK) * n, matmul_rows, &j);
 }
 
 /* ------------------------------------------------------------------ attention */
@@ -272,6 +288,26 @@ typedef struct {
     int n, pos, window;
     float scale, cap;
 } attn_job;
+
+/* q·k in a fixed order that the compiler can vectorize: 8 running sums (d mod 8), then
+ * ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then the last n % 8 terms in order */
+static float dot_f32(const float *restrict a, const float *restrict b, int n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[d + j] * b[d + j];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; d < n; d++) r += a[d] * b[d];
+    return r;
+}
+
+/* o += a v, element by element (restrict and blocks of 8: so that -O2 vectorizes it) */
+static void axpy(float *restrict o, float a, const float *restrict v, int n) {
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int j = 0; j < 8; j++) o[d + j] += a * v[d + j];
+    for (; d < n; d++) o[d] += a * v[d];
+}
 
 /* heads h0..h1 of every token of the chunk: scores, softmax, weighted sum of the values */
 static void attn_heads(void *arg, int64_t h0, int64_t h1) {
@@ -289,9 +325,7 @@ static void attn_heads(void *arg, int64_t h0, int64_t h1) {
             float max = -INFINITY;
             for (int i = start; i <= p; i++) {
                 const float *k = keys + (size_t)i * kvd;
-                float score = 0;
-                for (int d = 0; d < hd; d++) score += q[d] * k[d];
-                score *= j->scale;
+                float score = dot_f32(q, k, hd) * j->scale;
                 if (j->cap) score = softcap(score, j->cap);
                 att[i] = score;
                 if (score > max) max = score;
@@ -306,7 +340,7 @@ static void attn_heads(void *arg, int64_t h0, int64_t h1) {
             for (int i = start; i <= p; i++) {
                 float a = att[i] / sum;
                 const float *v = vals + (size_t)i * kvd;
-                for (int d = 0; d < hd; d++) o[d] += a * v[d];
+                axpy(o, a, v, hd);
             }
         }
     }
@@ -353,7 +387,7 @@ static void attention(struct ml_model *m, fstate *s, int l, int n, int pos) {
     int windowed = h->sliding_window && (!h->layer_flags || (W->flags & 1));
     attn_job job = {m, s, L, n, pos, windowed ? (int)h->sliding_window : 0,
                     h->attn_scale ? h->attn_scale : (float)(1.0 / sqrt((double)hd)), h->attn_softcap};
-    run(m, nh, attn_heads, &job);
+    run(m, nh, INT64_MAX, attn_heads, &job);
 
     if (h->attn_gate)
         for (size_t i = 0; i < (size_t)n * qd; i++) s->o[i] = s->o[i] * sigmoid(s->gate[i]);
@@ -451,7 +485,7 @@ static void linear_attention(struct ml_model *m, fstate *s, int l, int n) {
     }
 
     delta_job job = {m, s, L, n};
-    run(m, V, delta_heads, &job);
+    run(m, V, INT64_MAX, delta_heads, &job);
 
     /* per head: rmsnorm with lnorm, times silu(z) */
     for (int t = 0; t < n; t++)

@@ -127,6 +127,67 @@ static float dot_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *x
     return s;
 }
 
+/* Four rows x[t]: a weight block (Q4_0: unpacked) is loaded once for the four; row t takes
+ * dot_q8_0's steps, in lane t where the rows share a vector. Written out without arrays of
+ * vectors, which gcc -O2 may keep in memory. */
+static inline int32x4_t block_w(int8x16_t w0, int8x16_t w1, const int8_t *x) {
+    int32x4_t acc = dot16(vdupq_n_s32(0), w0, vld1q_s8(x));
+    return dot16(acc, w1, vld1q_s8(x + 16));
+}
+
+/* acc + the terms of blocks b..b+3 of one row (weight blocks lo_k | hi_k, scales wd4) */
+#define ROW_GROUP(acc, x, xd)                                                                     \
+    vaddq_f32(acc, vmulq_f32(vmulq_f32(wd4, vld1q_f32(xd)),                                       \
+                             vcvtq_f32_s32(hsum4(block_w(l0, h0, x), block_w(l1, h1, (x) + QK),  \
+                                                 block_w(l2, h2, (x) + 2 * QK), block_w(l3, h3, (x) + 3 * QK)))))
+
+#define LOAD_Q8(b, lo, hi) (lo = vld1q_s8(QB(w, b)), hi = vld1q_s8(QB(w, b) + 16))
+#define LOAD_Q4(b, lo, hi)                                                                        \
+    do {                                                                                          \
+        const uint8x16_t u = vld1q_u8(Q4B(w, b));                                                 \
+        lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(u, vdupq_n_u8(0x0F))), vdupq_n_s8(8));         \
+        hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(u, 4)), vdupq_n_s8(8));                      \
+    } while (0)
+
+#define DOT4(LOAD)                                                                                \
+    do {                                                                                          \
+        float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0, acc2 = acc0, acc3 = acc0;              \
+        int8x16_t l0, h0, l1, h1, l2, h2, l3, h3;                                                 \
+        int b = 0;                                                                                \
+        for (; b + 4 <= nb; b += 4) {                                                             \
+            LOAD(b, l0, h0);                                                                      \
+            LOAD(b + 1, l1, h1);                                                                  \
+            LOAD(b + 2, l2, h2);                                                                  \
+            LOAD(b + 3, l3, h3);                                                                  \
+            const float32x4_t wd4 = vld1q_f32(wd + b);                                            \
+            acc0 = ROW_GROUP(acc0, QB(x[0], b), xd[0] + b);                                       \
+            acc1 = ROW_GROUP(acc1, QB(x[1], b), xd[1] + b);                                       \
+            acc2 = ROW_GROUP(acc2, QB(x[2], b), xd[2] + b);                                       \
+            acc3 = ROW_GROUP(acc3, QB(x[3], b), xd[3] + b);                                       \
+        }                                                                                         \
+        /* lane t: (l0 + l1) + (l2 + l3) of acc_t */                                              \
+        float32x4_t s = vpaddq_f32(vpaddq_f32(acc0, acc1), vpaddq_f32(acc2, acc3));               \
+        for (; b < nb; b++) { /* lane t: tail's steps for row t */                                \
+            LOAD(b, l0, h0);                                                                      \
+            int32x4_t is = hsum4(block_w(l0, h0, QB(x[0], b)), block_w(l0, h0, QB(x[1], b)),      \
+                                 block_w(l0, h0, QB(x[2], b)), block_w(l0, h0, QB(x[3], b)));     \
+            const float xdb[4] = {xd[0][b], xd[1][b], xd[2][b], xd[3][b]};                        \
+            float32x4_t t = vmulq_f32(vdupq_n_f32(wd[b]), vld1q_f32(xdb));                        \
+            s = vaddq_f32(s, vmulq_f32(t, vcvtq_f32_s32(is)));                                    \
+        }                                                                                         \
+        vst1q_f32(out, s);                                                                        \
+    } while (0)
+
+static void dot4_q8_0(int nb, const int8_t *w, const float *wd, const int8_t *const x[4], const float *const xd[4],
+                      float out[4]) {
+    DOT4(LOAD_Q8);
+}
+
+static void dot4_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *const x[4], const float *const xd[4],
+                      float out[4]) {
+    DOT4(LOAD_Q4);
+}
+
 const ml_kernel_table NEON_TABLE = {
     .name = NEON_NAME,
     .quantize_q8_0 = quantize_q8_0,
@@ -134,4 +195,6 @@ const ml_kernel_table NEON_TABLE = {
     .isums_q4_0 = isums_q4_0,
     .dot_q8_0 = dot_q8_0,
     .dot_q4_0 = dot_q4_0,
+    .dot4_q8_0 = dot4_q8_0,
+    .dot4_q4_0 = dot4_q4_0,
 };

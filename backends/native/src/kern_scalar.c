@@ -13,7 +13,8 @@
  * Dot products: term_b = (wd[b] * xd[b]) * (float)isum_b (isum_b is exact in float: |isum_b| <=
  * 32 * 127 * 127 < 2^24). Every ISA uses the same order so that the dots are bit-identical too:
  * four partial sums, lane k adding the terms of blocks b = k (mod 4) for b < nb - nb % 4, then
- * s = (lane0 + lane1) + (lane2 + lane3), then the remaining nb % 4 terms in block order.
+ * s = (lane0 + lane1) + (lane2 + lane3), then the remaining nb % 4 terms in block order. The
+ * four-row dots (dot4_*) follow that order for each row: out[t] is the single-row dot's bits.
  */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -107,6 +108,41 @@ static float dot_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *x
     return s;
 }
 
+/* Four activation rows, each in dot_q8_0's order: out[t] is dot_q8_0(.., x[t], xd[t]) exactly. */
+static void dot4_q8_0(int nb, const int8_t *w, const float *wd, const int8_t *const x[4], const float *const xd[4],
+                      float out[4]) {
+    for (int t = 0; t < 4; t++) out[t] = dot_q8_0(nb, w, wd, x[t], xd[t]);
+}
+
+/* Q4_0 block to its 32 signed values: isum_q8_0 of them is isum_q4_0 */
+static void unpack_q4_0(const uint8_t *w, int8_t *v) {
+    for (int j = 0; j < QK / 2; j++) {
+        v[j] = (int8_t)((w[j] & 0x0F) - 8);
+        v[j + QK / 2] = (int8_t)((w[j] >> 4) - 8);
+    }
+}
+
+/* Each block unpacked once for the four rows; every row keeps dot_q4_0's order. */
+static void dot4_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *const x[4], const float *const xd[4],
+                      float out[4]) {
+    float acc[4][4] = {{0.0f}};
+    int8_t v[QK];
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
+        for (int k = 0; k < 4; k++) {
+            unpack_q4_0(w + (b + k) * (QK / 2), v);
+            for (int t = 0; t < 4; t++)
+                acc[t][k] += term(wd[b + k], xd[t][b + k], isum_q8_0(v, x[t] + (b + k) * QK));
+        }
+    float s[4];
+    for (int t = 0; t < 4; t++) s[t] = lanes(acc[t]);
+    for (; b < nb; b++) {
+        unpack_q4_0(w + b * (QK / 2), v);
+        for (int t = 0; t < 4; t++) s[t] = s[t] + term(wd[b], xd[t][b], isum_q8_0(v, x[t] + b * QK));
+    }
+    for (int t = 0; t < 4; t++) out[t] = s[t];
+}
+
 const ml_kernel_table ml_kernels_scalar = {
     .name = "scalar",
     .quantize_q8_0 = quantize_q8_0,
@@ -114,4 +150,6 @@ const ml_kernel_table ml_kernels_scalar = {
     .isums_q4_0 = isums_q4_0,
     .dot_q8_0 = dot_q8_0,
     .dot_q4_0 = dot_q4_0,
+    .dot4_q8_0 = dot4_q8_0,
+    .dot4_q4_0 = dot4_q4_0,
 };

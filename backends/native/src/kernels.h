@@ -26,6 +26,12 @@ typedef struct {
      * on every ISA (so the scalar twin gives the same bits). */
     float (*dot_q8_0)(int nb, const int8_t *w, const float *wd, const int8_t *x, const float *xd);
     float (*dot_q4_0)(int nb, const uint8_t *w, const float *wd, const int8_t *x, const float *xd);
+    /* One weight row against four activation rows (prefill): out[t] is dot(w, x[t]) bit for bit,
+     * but the row is loaded (and Q4_0 unpacked) once per block for the four. */
+    void (*dot4_q8_0)(int nb, const int8_t *w, const float *wd, const int8_t *const x[4],
+                      const float *const xd[4], float out[4]);
+    void (*dot4_q4_0)(int nb, const uint8_t *w, const float *wd, const int8_t *const x[4],
+                      const float *const xd[4], float out[4]);
 } ml_kernel_table;
 
 const ml_kernel_table *ml_kernels(void);            /* the table in use */

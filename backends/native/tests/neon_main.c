@@ -4,7 +4,8 @@
  * kern_scalar.c, kern_neon.c, kern_neon_dotprod.c and dispatch.c, -static), and builds as well on
  * x86-64 with kern_avx2.c. Every runnable non-scalar table is compared with ml_kernels_scalar:
  * quantizer bytes and scale bits, integer block sums and dot products (all ISAs use one float
- * order, so the dots are bit-identical too) on edge and random inputs.
+ * order, so the dots are bit-identical too) on edge and random inputs; the four-row dots (dot4)
+ * give each row the scalar single-row dot's bits.
  *
  *   neon_main [--expect ISA] [--force ISA] [--seed N] [--rounds N]
  *     --expect ISA  fail unless the automatic choice (ml_isa) is ISA
@@ -49,7 +50,7 @@ static uint32_t f2bits(float f) {
 static float unit(void) { return (float)(rnd() >> 40) / (float)(1 << 24); } /* [0, 1) */
 
 typedef struct {
-    long quant_blocks, isum_blocks, dots, bad;
+    long quant_blocks, isum_blocks, dots, dots4, bad;
     double max_dot_rel;
 } stats;
 
@@ -188,6 +189,33 @@ static void check_ints(const ml_kernel_table *t, int nb, const int8_t *w8, const
     }
 }
 
+/* dot4: row r of the four is the scalar single-row dot of x[r], bit for bit, for the table and
+ * for the scalar twin's own dot4 */
+static void check_dot4(const ml_kernel_table *t, int nb, const int8_t *w8, const uint8_t *w4, const float *wd,
+                       const int8_t *const x[4], const float *const xd[4], stats *st, const char *what) {
+    for (int fmt = 0; fmt < 2; fmt++) {
+        float want[4], got[4], twin[4];
+        for (int r = 0; r < 4; r++)
+            want[r] = fmt ? ml_kernels_scalar.dot_q4_0(nb, w4, wd, x[r], xd[r])
+                          : ml_kernels_scalar.dot_q8_0(nb, w8, wd, x[r], xd[r]);
+        memset(got, 0x55, sizeof got);
+        memset(twin, 0x55, sizeof twin);
+        if (fmt) {
+            t->dot4_q4_0(nb, w4, wd, x, xd, got);
+            ml_kernels_scalar.dot4_q4_0(nb, w4, wd, x, xd, twin);
+        } else {
+            t->dot4_q8_0(nb, w8, wd, x, xd, got);
+            ml_kernels_scalar.dot4_q8_0(nb, w8, wd, x, xd, twin);
+        }
+        for (int r = 0; r < 4; r++) {
+            st->dots4++;
+            if ((f2bits(got[r]) != f2bits(want[r]) || f2bits(twin[r]) != f2bits(want[r])) && st->bad++ < 10)
+                fprintf(stderr, "%s dot4_%s %s nb %d row %d: %a (scalar dot4 %a) vs dot %a\n", t->name,
+                        fmt ? "q4_0" : "q8_0", what, nb, r, got[r], twin[r], want[r]);
+        }
+    }
+}
+
 static void int_tests(const ml_kernel_table *t, int rounds, stats *st) {
     static int8_t w8[N], x[N];
     static uint8_t w4[N / 2];
@@ -201,7 +229,12 @@ static void int_tests(const ml_kernel_table *t, int rounds, stats *st) {
             memset(w4, a & 1 ? 0x00 : 0xFF, sizeof w4);
             for (int b = 0; b < MAXB; b++) wd[b] = xd[b] = 1.0f;
             check_ints(t, MAXB, w8, w4, x, wd, xd, st, "extremes");
+            const int8_t *xs[4] = {x, x, x, x};
+            const float *xds[4] = {xd, xd, xd, xd};
+            check_dot4(t, MAXB, w8, w4, wd, xs, xds, st, "extremes");
         }
+    static int8_t x4[4][N];
+    static float xd4[4][MAXB];
     for (int r = 0; r < rounds; r++) {
         for (int i = 0; i < N; i++) {
             w8[i] = (int8_t)((int)(rnd() % 255) - 127);
@@ -213,6 +246,13 @@ static void int_tests(const ml_kernel_table *t, int rounds, stats *st) {
             xd[b] = ldexpf(unit(), (int)(rnd() % 20) - 14);
         }
         check_ints(t, r % (MAXB + 1), w8, w4, x, wd, xd, st, "random");
+        for (int k = 0; k < 4; k++) {
+            for (int i = 0; i < N; i++) x4[k][i] = (int8_t)((int)(rnd() % 255) - 127);
+            for (int b = 0; b < MAXB; b++) xd4[k][b] = ldexpf(unit(), (int)(rnd() % 20) - 14);
+        }
+        const int8_t *xs[4] = {x4[0], x4[1], x4[2], x4[3]};
+        const float *xds[4] = {xd4[0], xd4[1], xd4[2], xd4[3]};
+        check_dot4(t, r % (MAXB + 1), w8, w4, wd, xs, xds, st, "random");
     }
 }
 
@@ -292,8 +332,8 @@ int main(int argc, char **argv) {
         quant_edges(tabs[i], &st);
         quant_random(tabs[i], rounds, &st);
         int_tests(tabs[i], rounds * 4, &st);
-        printf("%s: quantize %ld blocks, isums %ld blocks, dots %ld (max rel diff %.3g): %ld mismatches\n",
-               tabs[i]->name, st.quant_blocks, st.isum_blocks, st.dots, st.max_dot_rel, st.bad);
+        printf("%s: quantize %ld blocks, isums %ld blocks, dots %ld (max rel diff %.3g), dot4 rows %ld: %ld mismatches\n",
+               tabs[i]->name, st.quant_blocks, st.isum_blocks, st.dots, st.max_dot_rel, st.dots4, st.bad);
         if (st.bad) fail = 1;
     }
     printf("%s\n", fail ? "FAIL" : "OK");
