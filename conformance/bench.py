@@ -216,6 +216,43 @@ def native_kernel_bench(isas: tuple[str, ...] = ("scalar", "avx2", "neon")) -> t
     return bw, rows
 
 
+def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
+                           repeat: int = 3) -> dict:
+    """The native runtime called in this process (no worker, no logits transfer), as llama.cpp is
+    timed: prefill with ml_forward_last (the last position's logits only), then single-token
+    decodes; best of ``repeat``."""
+    import cffi
+
+    from mlconf.backends.native import LIBRARY
+    ffi = cffi.FFI()
+    ffi.cdef("""typedef struct ml_model ml_model;
+        int ml_load(const char *path, int32_t ctx, int32_t threads, ml_model **out, char *reason, size_t n);
+        void ml_free(ml_model *m);
+        int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
+        int ml_forward_last(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
+        int32_t ml_vocab(const ml_model *m);""")
+    lib = ffi.dlopen(str(LIBRARY))
+    mp = ffi.new("ml_model **")
+    reason = ffi.new("char[]", 512)
+    if lib.ml_load(str(path).encode(), prompt + decode, threads, mp, reason, 512) != 0:
+        raise RuntimeError(ffi.string(reason).decode())
+    m = mp[0]
+    try:
+        toks = (np.arange(prompt + decode) % lib.ml_vocab(m)).astype(np.int32)
+        out = np.zeros(lib.ml_vocab(m), np.float32)
+        buf = ffi.from_buffer("float[]", out)
+        tp = _best(lambda: lib.ml_forward_last(m, ffi.from_buffer("int32_t[]", toks), prompt, 0, buf), repeat)
+
+        def dec() -> None:
+            lib.ml_forward_last(m, ffi.from_buffer("int32_t[]", toks), prompt, 0, buf)
+            for i in range(decode):
+                lib.ml_forward(m, ffi.from_buffer("int32_t[]", toks[prompt + i:]), 1, prompt + i, buf)
+        td = _best(dec, repeat) - tp
+    finally:
+        lib.ml_free(m)
+    return {f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td}
+
+
 def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"), prompt: int = 64,
                 decode: int = 16, workdir: str | None = None, llama_cpp: bool = False) -> list[dict]:
     """Decode and prefill tokens/s on the SmolLM2-135M-shaped random model, per backend and
@@ -244,6 +281,10 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
                     s.close()
                 out.append({"model": f"SmolLM2-135M shape {wtype}", "backend": name,
                             f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td})
+            if "native" in backends:  # the runtime itself, timed as llama.cpp is
+                r = native_inprocess_bench(path, prompt, decode)
+                out.append({"model": f"SmolLM2-135M shape {wtype}",
+                            "backend": "native in-process, last logits", **r})
             if llama_cpp:
                 from mlconf.tools import gguf_export
                 gg = gguf_export.export(path, path.with_suffix(".gguf"))
@@ -338,7 +379,9 @@ def native_report(out: str | Path | None = None) -> str:
                 "build, 2 threads) on the same weights: each .mlb exported to GGUF by "
                 "tools/gguf_export.py (the same Q8_0 / Q4_0 blocks, f16 scales). llama.cpp: one "
                 "single-token warm-up eval, then the best of 3 runs, logits of the prompt's last "
-                "position only; ours: one run, every position's logits. llama.cpp's AVX2 kernels "
+                "position only. `native`: one run through the worker process, every position's "
+                "logits; `native in-process, last logits`: the runtime called in this process with "
+                "ml_forward_last, best of 3, timed as llama.cpp is. llama.cpp's AVX2 kernels "
                 "in cache (issue 5): quantize_q8_0 24 cycles, dot_q8_0 4.2, dot_q4_0 5.6 per 32 values.")
     else:
         for r in mrows:

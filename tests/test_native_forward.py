@@ -44,6 +44,7 @@ void ml_reset(ml_model *m);
 int32_t ml_vocab(const ml_model *m);
 int32_t ml_ctx(const ml_model *m);
 int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
+int ml_forward_last(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
 int ml_imatrix_start(ml_model *m);
 int ml_imatrix_get(const ml_model *m, double *sums, size_t n, uint64_t *tokens, uint64_t *tokens_cls);
 """
@@ -269,3 +270,32 @@ def test_imatrix_matches_reference(lib, name):
     assert nat.lib.ml_imatrix_start(nat.m) == ML_OK  # a restart zeroes the sums and counts
     st, sums, tokens, tokens_cls = nat.imatrix(n)
     assert (st, tokens, tokens_cls, sums.any()) == (ML_OK, 0, 0, False)
+
+
+@pytest.mark.parametrize("name", ["qwen35_linear", "gemma2_softcap", "mistral_q4_search"])
+def test_forward_last_is_the_last_row_of_forward(lib, name):
+    """ml_forward_last (a prefill that skips the classifier but for the last position) gives the
+    bits of ml_forward's last row, and leaves the model in the same state."""
+    ffi, L = lib
+    path, toks = golden(name)
+    for chunked in (False, True):
+        rows = []
+        for last in (False, True):
+            m = ffi.new("ml_model **")
+            reason = ffi.new("char[]", 512)
+            ctx = 0 if not chunked else len(toks) + 80
+            assert L.ml_load(str(path).encode(), ctx, 2, m, reason, 512) == ML_OK, ffi.string(reason)
+            vocab = L.ml_vocab(m[0])
+            t = np.concatenate([toks] * (4 if chunked else 1)).astype(np.int32)  # 80 tokens: 2 chunks
+            n = len(t) - 1
+            out = np.zeros((n if not last else 1) * vocab, np.float32)
+            fn = L.ml_forward_last if last else L.ml_forward
+            st = fn(m[0], ffi.from_buffer("int32_t[]", t[:n]), n, 0, ffi.from_buffer("float[]", out))
+            assert st == ML_OK
+            nxt = np.zeros(vocab, np.float32)  # the state after it: the next token's logits
+            assert L.ml_forward(m[0], ffi.from_buffer("int32_t[]", t[n:]), 1, n,
+                                ffi.from_buffer("float[]", nxt)) == ML_OK
+            L.ml_free(m[0])
+            rows.append((out.reshape(-1, vocab)[-1].copy(), nxt))
+        assert rows[0][0].tobytes() == rows[1][0].tobytes(), name
+        assert rows[0][1].tobytes() == rows[1][1].tobytes(), name

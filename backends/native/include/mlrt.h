@@ -52,6 +52,9 @@ int32_t ml_ctx(const ml_model *m);
  * logits receives n * vocab floats. 0 <= pos <= positions already fed (exactly equal for models
  * with linear-attention layers), pos + n <= ctx, every token < vocab; else ML_E_ARG. */
 int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
+/* The same, but logits receives only the last position's vocab floats (a prompt's prefill that
+ * only needs the next token; optional for other libraries). */
+int ml_forward_last(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
 
 /* Importance matrix (seed: MLI1): after ml_imatrix_start, every ml_forward adds the squares of
  * the matrix inputs. ml_imatrix_get copies the n sums (layout of the MLI1 body) and counts. */

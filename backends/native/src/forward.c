@@ -549,7 +549,10 @@ static void clear_linear_state(const struct ml_model *m, fstate *s) {
 }
 
 /* n <= chunk tokens at positions pos..: logits receives n x vocab floats */
-static void forward_chunk(struct ml_model *m, fstate *s, const int32_t *tokens, int n, int pos, float *logits) {
+/* Logits of rows [first, n) go to logits (first == n: none), so a prefill that wants only the last
+ * position's logits skips the classifier for the others, as llama.cpp does. */
+static void forward_chunk(struct ml_model *m, fstate *s, const int32_t *tokens, int n, int pos, float *logits,
+                          int first) {
     const ml_header *h = &m->h;
     int dim = (int)h->dim, vocab = (int)h->vocab;
     size_t width = (size_t)n * dim;
@@ -574,13 +577,14 @@ static void forward_chunk(struct ml_model *m, fstate *s, const int32_t *tokens, 
 
     rmsnorm_rows(s->xb, s->x, m->final_norm, n, dim, h->norm_eps);
     im_record(m, (int)h->n_layers, SLOT_ATTN, s->xb, n, dim);
-    quantize(s, s->xb, n, dim);
-    matmul(m, s, logits, &m->wcls, n);
+    if (first >= n) return;
+    quantize(s, s->xb + (size_t)first * dim, n - first, dim);
+    matmul(m, s, logits, &m->wcls, n - first);
     if (h->final_softcap)
-        for (size_t i = 0; i < (size_t)n * vocab; i++) logits[i] = softcap(logits[i], h->final_softcap);
+        for (size_t i = 0; i < (size_t)(n - first) * vocab; i++) logits[i] = softcap(logits[i], h->final_softcap);
 }
 
-ML_API int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits) {
+static int forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits, int last_only) {
     if (!m || !m->state || !tokens || !logits || n < 1 || pos < 0) return ML_E_ARG;
     fstate *s = m->state;
     /* decision forward.positions: rewind at will, except past a linear layer's state */
@@ -591,7 +595,10 @@ ML_API int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos
     if (pos == 0) clear_linear_state(m, s); /* so a start over needs no ml_forward_reset */
     for (int32_t c = 0; c < n; c += s->chunk) {
         int len = n - c < s->chunk ? n - c : s->chunk;
-        forward_chunk(m, s, tokens + c, len, pos + c, logits + (size_t)c * m->h.vocab);
+        if (!last_only)
+            forward_chunk(m, s, tokens + c, len, pos + c, logits + (size_t)c * m->h.vocab, 0);
+        else
+            forward_chunk(m, s, tokens + c, len, pos + c, logits, c + len == n ? len - 1 : len);
         m->filled = pos + c + len;
     }
     if (m->imatrix) {
@@ -712,4 +719,12 @@ ML_API int ml_imatrix_get(const ml_model *m, double *sums, size_t n, uint64_t *t
     if (tokens) *tokens = m->im_tokens;
     if (tokens_cls) *tokens_cls = m->im_tokens_cls;
     return ML_OK;
+}
+
+ML_API int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits) {
+    return forward(m, tokens, n, pos, logits, 0);
+}
+
+ML_API int ml_forward_last(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits) {
+    return forward(m, tokens, n, pos, logits, 1);
 }
