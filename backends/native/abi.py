@@ -28,6 +28,7 @@ void ml_reset(ml_model *m);
 int32_t ml_vocab(const ml_model *m);
 int32_t ml_ctx(const ml_model *m);
 int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
+int ml_forward_last(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
 int ml_imatrix_start(ml_model *m);
 int ml_imatrix_get(const ml_model *m, double *sums, size_t n, uint64_t *tokens, uint64_t *tokens_cls);
 
@@ -44,7 +45,7 @@ int ml_tok_decode(const ml_tokenizer *t, const int32_t *ids, size_t n, char *out
 
 FUNCTIONS = (
     "ml_version", "ml_isa", "ml_set_isa",
-    "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx", "ml_forward",
+    "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx", "ml_forward", "ml_forward_last",
     "ml_imatrix_start", "ml_imatrix_get",
     "ml_quantize_q8_0",
     "ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode",
