@@ -81,21 +81,31 @@ def build(out: str | Path, *, cc: str = "gcc", sanitize: bool = False, m32: bool
         flags.append("-m32")
         machine = "i686"
         flags += _m32_asm_include(out.parent)
-    objs = []
-    build_dir = out.parent / f".{out.name}.obj"
-    build_dir.mkdir(exist_ok=True)
-    for src, isa in sources(machine):
-        obj = build_dir / (src.stem + ".o")
-        cmd = [cc, *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o", str(obj)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            raise BuildError(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
-        objs.append(str(obj))
-    link = [cc, *flags, "-shared", "-o", str(out), *objs, "-lm", "-lpthread"]
-    r = subprocess.run(link, capture_output=True, text=True)
+    return _compile_link(cc, flags, sources(machine), ["-shared"], out)
+
+
+def _run(cmd: list[str]) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
-        raise BuildError(f"{' '.join(link)}\n{r.stdout}{r.stderr}")
-    shutil.rmtree(build_dir, ignore_errors=True)
+        raise BuildError(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
+
+
+def _compile_link(cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]], link_flags: list[str],
+                  out: Path) -> Path:
+    """Compile each (source, ISA flags) in a temporary folder beside ``out``, link, and rename the
+    result into place at once, so a process that has the previous file loaded is not disturbed."""
+    build_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.obj", dir=out.parent))
+    tmp = build_dir / out.name
+    try:
+        objs = []
+        for src, isa in srcs:
+            obj = build_dir / (src.stem + ".o")
+            _run([cc, *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o", str(obj)])
+            objs.append(str(obj))
+        _run([cc, *flags, *link_flags, "-o", str(tmp), *objs, "-lm", "-lpthread"])
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
     return out
 
 
@@ -109,25 +119,7 @@ def build_worker(out: str | Path, machine: str = "aarch64", cc: str = "aarch64-l
     if shutil.which(cc) is None:
         raise BuildError(f"C compiler {cc!r} not found")
     flags = [f for f in CFLAGS if f != "-fPIC"]
-    build_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.obj", dir=out.parent))
-    tmp = build_dir / out.name
-    try:
-        objs = []
-        for src, isa in [*sources(machine), (WORKER_MAIN, [])]:
-            obj = build_dir / (src.stem + ".o")
-            cmd = [cc, *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o", str(obj)]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode:
-                raise BuildError(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
-            objs.append(str(obj))
-        link = [cc, *flags, "-static", "-o", str(tmp), *objs, "-lm", "-lpthread"]
-        r = subprocess.run(link, capture_output=True, text=True)
-        if r.returncode:
-            raise BuildError(f"{' '.join(link)}\n{r.stdout}{r.stderr}")
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(build_dir, ignore_errors=True)
-    return out
+    return _compile_link(cc, flags, [*sources(machine), (WORKER_MAIN, [])], ["-static"], out)
 
 
 def main(argv: list[str] | None = None) -> int:
