@@ -1,0 +1,427 @@
+"""Convert a BitNet embedding checkpoint (Qwen3 / Gemma 3 base, safetensors) to GGUF.
+
+    python tools/convert_bitnet.py CKPT_DIR OUT.gguf [--outtype f32|f16|i2_s]
+
+Library: ``convert(ckpt, out, outtype) -> dict`` (mlconf.tools.convert_bitnet).
+
+Follows BitNet's utils/convert-bitnet-embedding-to-gguf.py (seed 004): the fixed HF -> GGUF name
+tables below (including the seven per-projection ``*_norm_in`` norms per layer), architecture
+"qwen3" (model_type qwen3) or "gemma3" (gemma3_text), key_length / value_length = head_dim,
+pooling type from sentence-transformers' modules.json / 1_Pooling/config.json, the tokenizer
+from tokenizer.json (Qwen3: EOS overridden to <|endoftext|> with add_eos_token true), lm_head
+skipped. Tensor types:
+
+    outtype   2-D linear weights   token_embd   norms (1-D)
+    f32       F32                  F32          F32
+    f16       F16                  F16          F16
+    i2_s      I2_S (type 36)       F16          F16
+
+Gemma 3: Gemma3RMSNorm scales by (1 + w); as llama.cpp's converter does, the stored weight of
+those norms (attn/ffn/post norms, q/k head norms, output_norm) is 1 + w in float32 (then cast).
+The BitLinear input norms (``*.proj.norm.weight``) are plain RMSNorm weights and stored as-is.
+
+I2_S (gguf-py does not know type 36): :func:`register_i2s` extends gguf-py's
+GGMLQuantizationType enum and GGML_QUANT_SIZES (block 4 values, 1 byte, as BitNet's gguf-py)
+at run time, in memory only. GGUFWriter then takes the packed bytes with ``raw_dtype``; call
+register_i2s() before reading such a file with GGUFReader too. A tensor's GGUF data is
+rows*cols/4 bytes of 2-bit codes then a 32-byte tail: the f32 scale and 28 zero bytes
+(BitNet's ggml: nbytes = n/4 + 32); GGUFReader's ``data`` shows the codes only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlconf.tools.convert import Checkpoint, ConvertError, _layer_types, read_config
+
+I2_S_TYPE = 36
+I2_S_BLOCK = 128       # values per packed block (32 bytes)
+I2_S_TAIL = 32         # bytes after the codes: f32 scale + zero padding
+
+
+@dataclass(frozen=True)
+class BitnetArch:
+    gguf_arch: str
+    one_centered_norms: bool       # Gemma3RMSNorm: stored 1 + w
+    layer: dict[str, str]          # HF name after "layers.{i}." -> GGUF name after "blk.{i}."
+    eos_override: str | None       # token text forced as EOS, with add_eos_token true
+    pre: str                       # tokenizer.ggml.pre
+
+
+# Common per-layer tensors (seed section 2), then the per-architecture ones.
+COMMON_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.q_proj.norm.weight": "attn_q_norm_in.weight",
+    "self_attn.k_proj.norm.weight": "attn_k_norm_in.weight",
+    "self_attn.v_proj.norm.weight": "attn_v_norm_in.weight",
+    "self_attn.o_proj.norm.weight": "attn_output_norm_in.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate_proj.norm.weight": "ffn_gate_norm_in.weight",
+    "mlp.up_proj.norm.weight": "ffn_up_norm_in.weight",
+    "mlp.down_proj.norm.weight": "ffn_down_norm_in.weight",
+}
+GLOBAL = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}
+ARCHS: dict[str, BitnetArch] = {
+    "qwen3": BitnetArch("qwen3", False, {**COMMON_LAYER,
+                                         "post_attention_layernorm.weight": "ffn_norm.weight"},
+                        "<|endoftext|>", "qwen2"),
+    "gemma3_text": BitnetArch("gemma3", True, {
+        **COMMON_LAYER,
+        "post_attention_layernorm.weight": "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+        "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}, None, "default"),
+}
+PREFIXES = ("", "model.")
+SKIPPED = ("lm_head.weight",)        # embedding models: no output head
+POOLING = {"pooling_mode_mean_tokens": "MEAN", "pooling_mode_cls_token": "CLS",
+           "pooling_mode_lasttoken": "LAST"}
+OUTTYPES = ("f32", "f16", "i2_s")
+
+
+# ---------------------------------------------------------------- gguf-py run-time extension
+def register_i2s():
+    """Add I2_S = 36 to gguf-py's GGMLQuantizationType and GGML_QUANT_SIZES (in memory, once);
+    returns the member. Needed by GGUFWriter (raw_dtype) and GGUFReader alike."""
+    import gguf
+
+    t = gguf.GGMLQuantizationType
+    if I2_S_TYPE not in t._value2member_map_:
+        m = int.__new__(t, I2_S_TYPE)
+        m._name_, m._value_ = "I2_S", I2_S_TYPE
+        type.__setattr__(t, "I2_S", m)          # EnumType.__setattr__ refuses new members
+        t._member_map_["I2_S"] = m
+        t._value2member_map_[I2_S_TYPE] = m
+        t._member_names_.append("I2_S")
+    member = t(I2_S_TYPE)
+    gguf.GGML_QUANT_SIZES.setdefault(member, (4, 1))   # the dict gguf_reader / quants import
+    return member
+
+
+def pack_i2s(w: np.ndarray) -> bytes:
+    """I2_S bytes of a 2-D weight (seed section 3; rule and layout of specs/i2s.yaml, which
+    follow BitNet's weight_quant and bitnet.cpp's x86 quantize_i2_s): mean = mean|w| (float64,
+    rounded once to f32), s = 1 / max(mean, 1e-5), q = clamp(rint(w * s), -1, 1) coded
+    -1->0, 0->1, +1->2; in each block of 128 values byte j holds values j, j+32, j+64, j+96 at
+    shifts 6, 4, 2, 0; then the f32 scale d = 1 / s (0 when every q is 0) and 28 zero bytes."""
+    x = np.asarray(w, np.float32)
+    if x.ndim != 2 or x.shape[1] % I2_S_BLOCK:
+        raise ConvertError(f"I2_S needs rows of a multiple of {I2_S_BLOCK} values, got shape {x.shape}")
+    mean = np.float32(np.abs(x.astype(np.float64)).mean())
+    s = np.float32(1) / max(mean, np.float32(1e-5))
+    q = np.clip(np.rint(x * s), -1, 1).astype(np.int8)
+    d = np.float32(1) / s if q.any() else np.float32(0)
+    c = (q.astype(np.int16) + 1).astype(np.uint8).reshape(-1, 4, 32)   # [block, group, pos]
+    packed = (c[:, 0] << 6) | (c[:, 1] << 4) | (c[:, 2] << 2) | c[:, 3]
+    return packed.tobytes() + np.array([d], "<f4").tobytes() + bytes(I2_S_TAIL - 4)
+
+
+# ---------------------------------------------------------------- plan
+@dataclass(frozen=True)
+class Item:
+    hf: str                        # checkpoint tensor
+    gguf: str
+    shape: tuple[int, ...]         # expected HF shape
+    kind: str                      # linear | embed | norm | fold_norm
+
+
+def _expected(cfg, arch: BitnetArch) -> tuple[dict[str, Any], list[Item]]:
+    """(hyperparameters, tensors in write order) from the config."""
+    dim = cfg.integer("hidden_size")
+    n_layers = cfg.integer("num_hidden_layers")
+    n_heads = cfg.integer("num_attention_heads")
+    n_kv = cfg.integer("num_key_value_heads", cfg.get("num_key_value_heads") or n_heads)
+    head_dim = cfg.integer("head_dim", cfg.get("head_dim") or dim // n_heads)
+    ff = cfg.integer("intermediate_size")
+    vocab = cfg.integer("vocab_size")
+    q, kv = n_heads * head_dim, n_kv * head_dim
+    hp: dict[str, Any] = dict(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv,
+                              head_dim=head_dim, ff=ff, vocab=vocab,
+                              ctx=cfg.integer("max_position_embeddings"),
+                              eps=cfg.num("rms_norm_eps", cfg.get("rms_norm_eps")))
+    shapes = {
+        "input_layernorm.weight": (dim,), "post_attention_layernorm.weight": (dim,),
+        "pre_feedforward_layernorm.weight": (dim,), "post_feedforward_layernorm.weight": (dim,),
+        "self_attn.q_proj.weight": (q, dim), "self_attn.k_proj.weight": (kv, dim),
+        "self_attn.v_proj.weight": (kv, dim), "self_attn.o_proj.weight": (dim, q),
+        "self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,),
+        "self_attn.q_proj.norm.weight": (dim,), "self_attn.k_proj.norm.weight": (dim,),
+        "self_attn.v_proj.norm.weight": (dim,), "self_attn.o_proj.norm.weight": (q,),
+        "mlp.gate_proj.weight": (ff, dim), "mlp.up_proj.weight": (ff, dim),
+        "mlp.down_proj.weight": (dim, ff), "mlp.gate_proj.norm.weight": (dim,),
+        "mlp.up_proj.norm.weight": (dim,), "mlp.down_proj.norm.weight": (ff,),
+    }
+
+    def kind(hf: str, shape: tuple[int, ...]) -> str:
+        if len(shape) == 2:
+            return "linear"
+        per_proj = hf.endswith("_proj.norm.weight")    # BitLinear input norm: plain w
+        return "fold_norm" if arch.one_centered_norms and not per_proj else "norm"
+
+    items = [Item("embed_tokens.weight", "token_embd.weight", (vocab, dim), "embed")]
+    for i in range(n_layers):
+        for hf, g in arch.layer.items():
+            items.append(Item(f"layers.{i}.{hf}", f"blk.{i}.{g}", shapes[hf], kind(hf, shapes[hf])))
+    items.append(Item("norm.weight", "output_norm.weight", (dim,), kind("norm.weight", (dim,))))
+    return hp, items
+
+
+def _check_tensors(ckpt: Checkpoint, items: list[Item]) -> str:
+    """The checkpoint's name prefix; missing, misshapen and unexpected tensors refused."""
+    names = ckpt.infos
+    prefix = next((p for p in PREFIXES if f"{p}embed_tokens.weight" in names), None)
+    if prefix is None:
+        raise ConvertError(f"{ckpt.folder}: missing tensor embed_tokens.weight")
+    missing = [prefix + it.hf for it in items if prefix + it.hf not in names]
+    if missing:
+        raise ConvertError(f"{ckpt.folder}: missing tensor{'s' if len(missing) > 1 else ''} "
+                           f"{', '.join(missing)}")
+    for it in items:
+        got = names[prefix + it.hf].shape
+        if got != it.shape:
+            raise ConvertError(f"{ckpt.folder}: tensor {prefix + it.hf} has shape {list(got)}, "
+                               f"config.json implies {list(it.shape)}")
+        ckpt.check_dtype(prefix + it.hf)
+    used = {prefix + it.hf for it in items} | {prefix + s for s in SKIPPED} | set(SKIPPED)
+    extra = sorted(t for t in names if t not in used and not t.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise ConvertError(f"{ckpt.folder}: unexpected tensor {extra[0]}: no GGUF name for it")
+    return prefix
+
+
+def _pooling(folder: Path) -> str | None:
+    """gguf PoolingType name from sentence-transformers' files; None without modules.json."""
+    mpath = folder / "modules.json"
+    if not mpath.exists():
+        return None
+    try:
+        modules = json.loads(mpath.read_text(encoding="utf-8"))
+        pool = next((m for m in modules if m.get("type", "").endswith("models.Pooling")), None)
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        raise ConvertError(f"{mpath}: not a sentence-transformers modules list ({e})") from None
+    if pool is None:
+        raise ConvertError(f"{mpath}: no sentence_transformers.models.Pooling module")
+    ppath = folder / pool.get("path", "1_Pooling") / "config.json"
+    try:
+        pcfg = json.loads(ppath.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConvertError(f"{ppath}: cannot read the pooling config ({e})") from None
+    on = [k for k, v in pcfg.items() if k.startswith("pooling_mode_") and v is True]
+    if len(on) != 1 or on[0] not in POOLING:
+        raise ConvertError(f"{ppath}: pooling modes {on or 'none'} set; supported: exactly one "
+                           f"of {', '.join(POOLING)}")
+    return POOLING[on[0]]
+
+
+def _rope(cfg, arch: BitnetArch) -> tuple[float, float | None]:
+    """(global RoPE base, Gemma 3's sliding-layer base or None); RoPE scaling refused."""
+    if arch.gguf_arch == "gemma3":
+        rp = cfg.get("rope_parameters") or {}
+        full = dict(rp.get("full_attention") or {})
+        local = dict(rp.get("sliding_attention") or {})
+        full.setdefault("rope_theta", cfg.get("rope_theta"))
+        local.setdefault("rope_theta", cfg.get("rope_local_base_freq"))
+        parts = (("rope_parameters.full_attention", full), ("rope_parameters.sliding_attention", local))
+    else:
+        p = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+        p.setdefault("rope_theta", cfg.get("rope_theta"))
+        parts = (("rope_parameters", p),)
+    for label, p in parts:
+        if p.get("rope_type", p.get("type", "default")) != "default":
+            raise ConvertError(f"{cfg.where}: {label}.rope_type = {p.get('rope_type', p.get('type'))!r}: "
+                               "only unscaled RoPE is converted")
+    bases = [cfg.num(f"{label}.rope_theta", p.get("rope_theta")) for label, p in parts]
+    return bases[0], bases[1] if len(bases) > 1 else None
+
+
+# ---------------------------------------------------------------- tokenizer
+def _add_tokenizer(w, folder: Path, arch: BitnetArch, n_vocab: int) -> dict[str, Any]:
+    import gguf
+
+    path = folder / "tokenizer.json"
+    try:
+        tj = json.loads(path.read_text(encoding="utf-8"))
+        vocab: dict[str, int] = dict(tj["model"]["vocab"])
+        added = {t["content"]: (int(t["id"]), bool(t.get("special"))) for t in tj.get("added_tokens", [])}
+        model_type = tj["model"].get("type")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConvertError(f"{path}: cannot read the tokenizer ({e})") from None
+    if model_type != "BPE":
+        raise ConvertError(f"{path}: model.type {model_type!r}: only BPE tokenizers are converted")
+    if "ByteLevel" not in json.dumps(tj.get("pre_tokenizer")):   # gpt2-style vocab only
+        raise ConvertError(f"{path}: pre_tokenizer has no ByteLevel step: only byte-level BPE "
+                           "(tokenizer.ggml.model gpt2) is converted")
+    by_id = {i: t for t, i in vocab.items()} | {i: t for t, (i, _) in added.items()}
+    if max(by_id) >= n_vocab:
+        raise ConvertError(f"{path}: token id {max(by_id)} >= vocab_size {n_vocab} of config.json")
+    tokens, types = [], []
+    for i in range(n_vocab):   # ids the tokenizer lacks are padding, as llama.cpp's converter
+        t = by_id.get(i)
+        tokens.append(f"[PAD{i}]" if t is None else t)
+        types.append(gguf.TokenType.UNUSED if t is None else gguf.TokenType.CONTROL
+                     if added.get(t, (0, False))[1] else gguf.TokenType.USER_DEFINED
+                     if t in added else gguf.TokenType.NORMAL)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(arch.pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=n_vocab)
+    out: dict[str, Any] = {"n_tokens": len(by_id)}
+    if arch.eos_override is not None:   # Qwen3: last-token pooling needs <|endoftext|> appended
+        if arch.eos_override not in added and arch.eos_override not in vocab:
+            raise ConvertError(f"{path}: no {arch.eos_override} token for the EOS override")
+        special.special_token_ids["eos"] = tokens.index(arch.eos_override)
+        special.add_special_token["eos"] = True
+    special.add_to_gguf(w, quiet=True)
+    out["eos"] = special.special_token_ids.get("eos")
+    return out
+
+
+# ---------------------------------------------------------------- convert
+def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16") -> dict:
+    """Write the GGUF of the checkpoint folder ``ckpt`` to ``out``; returns a summary (arch,
+    outtype, hyperparameters, pooling, tensor count). Raises ConvertError; no partial file."""
+    import gguf
+
+    folder, out = Path(ckpt), Path(out)
+    if outtype not in OUTTYPES:
+        raise ConvertError(f"--outtype {outtype!r} is not one of {', '.join(OUTTYPES)}")
+    try:
+        top = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        top = None   # read_config names the problem
+    if top is not None and top not in ARCHS:
+        raise ConvertError(f"{folder / 'config.json'}: model_type {top!r} is not supported "
+                           f"(supported: {', '.join(ARCHS)})")
+    cfg, _ = read_config(folder)
+    arch = ARCHS[cfg.model_type]
+    hp, items = _expected(cfg, arch)
+    rope_base, local_base = _rope(cfg, arch)
+    pooling = _pooling(folder)
+    # Gemma 3: which layers are windowed, from layer_types (or its default pattern) as transformers
+    windowed = [k == "sliding_attention" for k in _layer_types(cfg, hp["n_layers"])] \
+        if arch.gguf_arch == "gemma3" else []
+    ck = Checkpoint(folder)
+    prefix = _check_tensors(ck, items)
+    i2s = register_i2s() if outtype == "i2_s" else None
+    if i2s is not None:
+        # bitnet.cpp's I2_S kernels (and the reference) take whole 128-value blocks per row
+        bad = [it.hf for it in items if it.kind == "linear" and it.shape[1] % I2_S_BLOCK]
+        if bad:
+            t = prefix + bad[0]
+            raise ConvertError(f"{folder}: tensor {t} has rows of {ck.infos[t].shape[1]} values; "
+                               f"--outtype i2_s needs a multiple of {I2_S_BLOCK}")
+
+    # Cast per kind and outtype (the module docstring's table).
+    f16 = outtype != "f32"
+    one = np.float32(1.0)
+    fns: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        "embed": lambda x: x.astype(np.float16) if f16 else x,
+        "linear": lambda x: x.astype(np.float16) if f16 else x,
+        "norm": lambda x: x.astype(np.float16) if f16 else x,
+        "fold_norm": lambda x: (one + x).astype(np.float16) if f16 else one + x,
+    }
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    w = None
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)   # mkstemp's 0600 -> what open() would give
+        w = gguf.GGUFWriter(tmp, arch.gguf_arch)
+        w.add_name(folder.name)
+        if outtype in ("f32", "f16"):
+            w.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+        w.add_context_length(hp["ctx"])
+        w.add_embedding_length(hp["dim"])
+        w.add_block_count(hp["n_layers"])
+        w.add_feed_forward_length(hp["ff"])
+        w.add_head_count(hp["n_heads"])
+        w.add_head_count_kv(hp["n_kv"])
+        w.add_key_length(hp["head_dim"])       # head_dim != dim / n_heads in both models
+        w.add_value_length(hp["head_dim"])
+        w.add_layer_norm_rms_eps(hp["eps"])
+        w.add_rope_freq_base(rope_base)
+        if arch.gguf_arch == "gemma3":
+            if local_base is not None:
+                w.add_rope_freq_base_swa(local_base)
+            if cfg.get("sliding_window") is not None:
+                w.add_sliding_window(cfg.integer("sliding_window"))
+                w.add_sliding_window_pattern(windowed)   # per layer, true = sliding
+            w.add_float32(f"{arch.gguf_arch}.attention.query_pre_attn_scalar",
+                          cfg.num("query_pre_attn_scalar", cfg.get("query_pre_attn_scalar")))
+        if pooling is not None:
+            w.add_pooling_type(gguf.PoolingType[pooling])
+        tok = _add_tokenizer(w, folder, arch, hp["vocab"])
+        # Tensor infos first (sizes follow from the shapes), then the data one tensor at a time:
+        # memory stays near the largest tensor (GGUFWriter.add_tensor would hold them all).
+        for it in items:
+            if i2s is not None and it.kind == "linear":
+                # byte shape (rows, cols/4) of uint8: gguf-py records the shape (rows, cols)
+                w.add_tensor_info(it.gguf, (it.shape[0], it.shape[1] // 4), np.dtype(np.uint8),
+                                  int(np.prod(it.shape)) // 4 + I2_S_TAIL, raw_dtype=i2s)
+            else:
+                dt = np.dtype(np.float16 if f16 else np.float32)
+                w.add_tensor_info(it.gguf, it.shape, dt, int(np.prod(it.shape)) * dt.itemsize)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for it in items:
+            x = ck.load(prefix + it.hf)
+            if i2s is not None and it.kind == "linear":
+                w.write_tensor_data(np.frombuffer(pack_i2s(x), np.uint8))
+            else:
+                w.write_tensor_data(np.ascontiguousarray(fns[it.kind](x)))
+        w.close()
+        os.replace(tmp, out)
+    except BaseException:
+        for fh in getattr(w, "fout", None) or []:   # the writer's handle, if it opened the file
+            fh.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return dict(arch=arch.gguf_arch, outtype=outtype, pooling=pooling, tensors=len(items),
+                rope_base=rope_base, rope_base_swa=local_base, eos=tok["eos"], **hp)
+
+
+def main(argv: list[str] | None = None, prog: str = "convert_bitnet.py") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description="Convert a BitNet embedding checkpoint "
+                                 "(Qwen3 / Gemma 3 base, safetensors) to GGUF.")
+    ap.add_argument("ckpt", help="checkpoint folder")
+    ap.add_argument("out", help="output .gguf file")
+    ap.add_argument("--outtype", choices=OUTTYPES, default="f16")
+    args = ap.parse_args(argv)
+    try:
+        s = convert(args.ckpt, args.out, args.outtype)
+    except ConvertError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}: {s['arch']}, {s['n_layers']} layers, dim {s['dim']}, {args.outtype}, "
+          f"pooling {s['pooling'] or 'unset'}, {os.path.getsize(args.out)} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
