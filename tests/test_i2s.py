@@ -63,9 +63,12 @@ def test_spec_bitlinear() -> None:
 
 
 def test_spec_decisions_have_fields() -> None:
-    ids = [d["id"] for d in SPEC["decisions"]]
+    from mlconf import specs
+    decisions = [d for d in specs.load("decisions") if d["id"].startswith("i2s.")]
+    assert len(decisions) >= 10
+    ids = [d["id"] for d in specs.load("decisions")]
     assert len(ids) == len(set(ids))
-    for d in SPEC["decisions"]:
+    for d in decisions:
         assert {"id", "question", "decision", "reason"} <= d.keys()
 
 
