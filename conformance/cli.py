@@ -275,6 +275,11 @@ def cmd_convert_tokenizer(args) -> int:
     return convert_tokenizer.main(args.args, prog="mlconf convert-tokenizer")
 
 
+def cmd_convert_bitnet(args) -> int:
+    from mlconf.tools import convert_bitnet
+    return convert_bitnet.main(args.args, prog="mlconf convert-bitnet")
+
+
 def cmd_convert(args) -> int:
     from mlconf.tools import convert
     return convert.main(args.args, prog="mlconf convert")
@@ -392,6 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_convert_tokenizer)
 
+    p = sub.add_parser("convert-bitnet", add_help=False,
+                       help="BitNet embedding checkpoint -> GGUF f32/f16/i2_s (tools/convert_bitnet.py)")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_convert_bitnet)
+
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
     p.add_argument("what", nargs="?", default="all",
                    choices=["all", "quant", "forward", "tokenizer", "native"],
@@ -412,6 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_convert(argparse.Namespace(args=argv[1:]))
     if argv[:1] == ["convert-tokenizer"]:
         return cmd_convert_tokenizer(argparse.Namespace(args=argv[1:]))
+    if argv[:1] == ["convert-bitnet"]:
+        return cmd_convert_bitnet(argparse.Namespace(args=argv[1:]))
     try:
         args = build_parser().parse_args(argv)
         return args.fn(args)

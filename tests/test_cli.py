@@ -218,3 +218,15 @@ def test_unwritable_outputs_are_errors_not_tracebacks(tmp_path):
         assert r.returncode == 1 and r.stderr.startswith("mlconf: error:"), (args, r.stderr)
         no_traceback(r)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]
+
+
+def test_convert_bitnet_command(tmp_path):
+    pytest.importorskip("torch")
+    from mlconf.tools import bitnet_models
+    bitnet_models.build("qwen3", tmp_path / "ckpt", seed=0, hidden_size=128)
+    r = mlconf("convert-bitnet", tmp_path / "ckpt", tmp_path / "m.gguf", "--outtype", "i2_s")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "m.gguf").stat().st_size > 0
+    r = mlconf("convert-bitnet", tmp_path / "missing", tmp_path / "x.gguf", "--outtype", "f32")
+    assert r.returncode == 1 and not (tmp_path / "x.gguf").exists()
+    no_traceback(r)
