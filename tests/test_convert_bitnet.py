@@ -2,8 +2,8 @@
 
 Expectations are written from seed 004 (its name and type tables are restated here) and from
 the checkpoint, read back with gguf-py's GGUFReader (with the run-time I2_S registration).
-I2_S payloads are compared with the reference backend's i2s.payload (an independent
-implementation of the same spec rule) when it is present.
+I2_S payloads are compared with backends/reference/i2s.py's payload, which the converter uses
+and tests/test_i2s.py checks against an independent PyTorch BitLinear.
 """
 
 from __future__ import annotations
@@ -22,14 +22,10 @@ pytest.importorskip("tokenizers")
 gguf = pytest.importorskip("gguf")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
+from mlconf.backends.reference import i2s  # noqa: E402
 from mlconf.tools import bitnet_models  # noqa: E402
 from mlconf.tools import convert_bitnet as cb  # noqa: E402
 from mlconf.tools.convert import ConvertError  # noqa: E402
-
-try:
-    from mlconf.backends.reference import i2s
-except ImportError:   # written in parallel; the byte comparison is skipped without it
-    i2s = None
 
 REPO = Path(__file__).resolve().parents[1]
 FLAVORS = {"qwen3": ("qwen3", "lasttoken", gguf.PoolingType.LAST),
@@ -130,9 +126,7 @@ def test_tensors(converted, flavor: str, outtype: str) -> None:
         else:
             n = w.size // 4 + 32                                # codes + f32 scale + tail
             data = bytes(raw[t.data_offset:t.data_offset + n])
-            assert data == cb.pack_i2s(w)
-            if i2s is not None:
-                assert data == i2s.payload(w), t.name
+            assert data == i2s.payload(w), t.name
 
 
 def test_per_projection_norm_shapes(converted) -> None:

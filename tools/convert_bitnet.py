@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from mlconf.backends.reference import i2s
 from mlconf.tools.convert import Checkpoint, ConvertError, _layer_types, read_config
 
 I2_S_TYPE = 36
@@ -116,21 +117,12 @@ def register_i2s():
 
 
 def pack_i2s(w: np.ndarray) -> bytes:
-    """I2_S bytes of a 2-D weight (seed section 3; rule and layout of specs/i2s.yaml, which
-    follow BitNet's weight_quant and bitnet.cpp's x86 quantize_i2_s): mean = mean|w| (float64,
-    rounded once to f32), s = 1 / max(mean, 1e-5), q = clamp(rint(w * s), -1, 1) coded
-    -1->0, 0->1, +1->2; in each block of 128 values byte j holds values j, j+32, j+64, j+96 at
-    shifts 6, 4, 2, 0; then the f32 scale d = 1 / s (0 when every q is 0) and 28 zero bytes."""
-    x = np.asarray(w, np.float32)
-    if x.ndim != 2 or x.shape[1] % I2_S_BLOCK:
-        raise ConvertError(f"I2_S needs rows of a multiple of {I2_S_BLOCK} values, got shape {x.shape}")
-    mean = np.float32(np.abs(x.astype(np.float64)).mean())
-    s = np.float32(1) / max(mean, np.float32(1e-5))
-    q = np.clip(np.rint(x * s), -1, 1).astype(np.int8)
-    d = np.float32(1) / s if q.any() else np.float32(0)
-    c = (q.astype(np.int16) + 1).astype(np.uint8).reshape(-1, 4, 32)   # [block, group, pos]
-    packed = (c[:, 0] << 6) | (c[:, 1] << 4) | (c[:, 2] << 2) | c[:, 3]
-    return packed.tobytes() + np.array([d], "<f4").tobytes() + bytes(I2_S_TAIL - 4)
+    """I2_S bytes of a 2-D weight: the reference rule and layout (backends/reference/i2s.py,
+    specs/i2s.yaml), refused rows reported as a conversion error."""
+    try:
+        return i2s.payload(np.asarray(w, np.float32))
+    except i2s.I2SError as e:
+        raise ConvertError(f"I2_S: {e}") from None
 
 
 # ---------------------------------------------------------------- plan
@@ -320,8 +312,8 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
         if arch.gguf_arch == "gemma3" else []
     ck = Checkpoint(folder)
     prefix = _check_tensors(ck, items)
-    i2s = register_i2s() if outtype == "i2_s" else None
-    if i2s is not None:
+    i2s_type = register_i2s() if outtype == "i2_s" else None
+    if i2s_type is not None:
         # bitnet.cpp's I2_S kernels (and the reference) take whole 128-value blocks per row
         bad = [it.hf for it in items if it.kind == "linear" and it.shape[1] % I2_S_BLOCK]
         if bad:
@@ -375,10 +367,10 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
         # Tensor infos first (sizes follow from the shapes), then the data one tensor at a time:
         # memory stays near the largest tensor (GGUFWriter.add_tensor would hold them all).
         for it in items:
-            if i2s is not None and it.kind == "linear":
+            if i2s_type is not None and it.kind == "linear":
                 # byte shape (rows, cols/4) of uint8: gguf-py records the shape (rows, cols)
                 w.add_tensor_info(it.gguf, (it.shape[0], it.shape[1] // 4), np.dtype(np.uint8),
-                                  int(np.prod(it.shape)) // 4 + I2_S_TAIL, raw_dtype=i2s)
+                                  int(np.prod(it.shape)) // 4 + I2_S_TAIL, raw_dtype=i2s_type)
             else:
                 dt = np.dtype(np.float16 if f16 else np.float32)
                 w.add_tensor_info(it.gguf, it.shape, dt, int(np.prod(it.shape)) * dt.itemsize)
@@ -387,7 +379,7 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
         w.write_ti_data_to_file()
         for it in items:
             x = ck.load(prefix + it.hf)
-            if i2s is not None and it.kind == "linear":
+            if i2s_type is not None and it.kind == "linear":
                 w.write_tensor_data(np.frombuffer(pack_i2s(x), np.uint8))
             else:
                 w.write_tensor_data(np.ascontiguousarray(fns[it.kind](x)))
