@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlconf.backends.native import abi
 from mlconf.backends.reference.forward import Forward
 from mlconf.compare import distances
 from mlconf.fixtures import catalog
@@ -36,18 +37,7 @@ NMSE_GOLDEN = 1e-6
 NMSE_STEP = 1e-4
 ML_OK, ML_E_ARG = 0, 4
 
-CDEF = """
-typedef struct ml_model ml_model;
-int ml_load(const char *path, int32_t ctx, int32_t threads, ml_model **out, char *reason, size_t reason_len);
-void ml_free(ml_model *m);
-void ml_reset(ml_model *m);
-int32_t ml_vocab(const ml_model *m);
-int32_t ml_ctx(const ml_model *m);
-int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
-int ml_forward_last(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
-int ml_imatrix_start(ml_model *m);
-int ml_imatrix_get(const ml_model *m, double *sums, size_t n, uint64_t *tokens, uint64_t *tokens_cls);
-"""
+CDEF = abi.CDEF  # the ABI declarations, themselves checked against mlrt.h (test_native_backend)
 
 GOLDENS = sorted(p.stem for p in (GOLDEN_DIR / "logits").glob("*.mlb"))
 FIXTURES = sorted(f.base for f in catalog() if f.kind == "valid" and f.file.startswith("valid/"))

@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mlconf import cases, specs
+from mlconf.backends.native import abi
 from mlconf.backends.reference import layout, loader, quant
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,19 +48,7 @@ STATUS |= {4: "ML_E_ARG", 5: "ML_E_NOMEM", 6: "ML_E_UNSUPPORTED"}
 ML_OK, ML_E_ARG, ML_E_UNSUPPORTED = 0, 4, 6
 RULE = re.compile(r"\[([a-z0-9_.]+)\]$")
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
-CDEF = """
-typedef struct ml_model ml_model;
-typedef struct ml_tokenizer ml_tokenizer;
-const char *ml_version(void);
-int ml_check(const char *path, char *reason, size_t reason_len);
-int ml_load(const char *path, int32_t ctx, int32_t threads, ml_model **out, char *reason, size_t reason_len);
-void ml_free(ml_model *m);
-void ml_reset(ml_model *m);
-int32_t ml_vocab(const ml_model *m);
-int32_t ml_ctx(const ml_model *m);
-int ml_quantize_q8_0(const float *x, size_t n, int f16, int8_t *q, void *d);
-int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason, size_t reason_len);
-"""
+CDEF = abi.CDEF  # the ABI declarations, themselves checked against mlrt.h (test_native_backend)
 U32_FIELDS = [(f["name"], f["offset"]) for f in specs.load("mlb_header")["fields"] if f["type"] == "u32"]
 F32_FIELDS = [(f["name"], f["offset"]) for f in specs.load("mlb_header")["fields"] if f["type"] == "f32"]
 HSET = settings(max_examples=120, deadline=None,
