@@ -1,12 +1,14 @@
 """Build hooks only; the metadata is in pyproject.toml.
 
-The native runtime (backends/native/src/*.c) is compiled into libmlrt.so by
-backends/native/build.py as part of build_py, so `pip install .` and `pip install -e .` both
-build it, and a compiler error fails the installation loudly (the library is part of the product):
-- a regular build writes it into the build tree, as mlconf/backends/native/libmlrt.so of the wheel;
-- an editable build writes it into the source tree, backends/native/libmlrt.so (git-ignored),
-  where the editable install imports mlconf.backends.native from. After editing C, rebuild with
-  `python backends/native/build.py` (same output path) or reinstall.
+The native runtime (backends/native/src/*.c) and the bitnet runtime (backends/bitnet/src/*.c) are
+compiled into libmlrt.so and libmlbitnet.so by backends/native/build.py as part of build_py, so
+`pip install .` and `pip install -e .` both build them, and a compiler error fails the installation
+loudly (the libraries are part of the product):
+- a regular build writes them into the build tree (mlconf/backends/native/libmlrt.so and
+  mlconf/backends/bitnet/libmlbitnet.so of the wheel);
+- an editable build writes them into the source tree (git-ignored), where the editable install
+  imports the packages from. After editing C, rebuild with `python backends/native/build.py --all`
+  (same output paths) or reinstall.
 The wheel holds a binary, so it is tagged for this platform (py3-none-<platform>): the library is
 loaded with cffi in ABI mode and does not depend on the Python version.
 """
@@ -22,7 +24,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "backends" / "native"
-LIBRARY = "libmlrt.so"
+LIBRARIES = {"mlrt": ("native", "libmlrt.so"), "mlbitnet": ("bitnet", "libmlbitnet.so")}  # lib -> (package, file)
 
 
 def _native_build():
@@ -34,26 +36,28 @@ def _native_build():
 
 
 class build_py_native(build_py):
-    """build_py, then compile the native runtime next to the package's Python files."""
+    """build_py, then compile the C runtimes next to their packages' Python files."""
 
-    def _library(self) -> Path:
+    def _library(self, lib: str) -> Path:
+        package, name = LIBRARIES[lib]
         if self.editable_mode:
-            return NATIVE / LIBRARY
-        return Path(self.build_lib) / "mlconf" / "backends" / "native" / LIBRARY
+            return ROOT / "backends" / package / name
+        return Path(self.build_lib) / "mlconf" / "backends" / package / name
 
     def run(self) -> None:
         super().run()
-        out = self._library()
-        self.announce(f"building the native runtime: {out}", level=2)
         build = _native_build()
-        try:
-            build.build(out)
-        except build.BuildError as e:
-            raise SystemExit(f"error: the native runtime (backends/native) failed to build:\n{e}") from None
+        for lib in LIBRARIES:
+            out = self._library(lib)
+            self.announce(f"building the C runtime {lib}: {out}", level=2)
+            try:
+                build.build(out, lib=lib)
+            except build.BuildError as e:
+                raise SystemExit(f"error: the C runtime {lib} failed to build:\n{e}") from None
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         outs = super().get_outputs(include_bytecode)
-        return outs if self.editable_mode else [*outs, str(self._library())]
+        return outs if self.editable_mode else [*outs, *(str(self._library(lib)) for lib in LIBRARIES)]
 
 
 class BinaryDistribution(Distribution):

@@ -41,6 +41,21 @@ int ml_tok_encode(const ml_tokenizer *t, const char *text, size_t len, int32_t *
                   size_t *n_out);
 int ml_tok_decode(const ml_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
                   size_t *len_out);
+
+int ml_i2s_quantize(const float *w, size_t rows, size_t cols, uint8_t *payload);
+int ml_i2s_quantize_act(const float *x, size_t rows, size_t cols, int8_t *q, float *scale, int32_t *sum);
+int ml_i2s_matmul(const uint8_t *payload, size_t rows, size_t cols, const float *x, size_t n, float *y);
+
+#define ML_POOL_MODEL -1
+#define ML_POOL_MEAN 1
+#define ML_POOL_CLS 2
+#define ML_POOL_LAST 3
+typedef struct ml_embedder ml_embedder;
+int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *reason, size_t reason_len);
+void ml_embed_free(ml_embedder *e);
+int32_t ml_embed_dim(const ml_embedder *e);
+int32_t ml_embed_vocab(const ml_embedder *e);
+int ml_embed(ml_embedder *e, const int32_t *tokens, int32_t n, int32_t pooling, int32_t normalize, float *out);
 """
 
 FUNCTIONS = (
@@ -49,6 +64,8 @@ FUNCTIONS = (
     "ml_imatrix_start", "ml_imatrix_get",
     "ml_quantize_q8_0",
     "ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode",
+    "ml_i2s_quantize", "ml_i2s_quantize_act", "ml_i2s_matmul",
+    "ml_embed_load", "ml_embed_free", "ml_embed_dim", "ml_embed_vocab", "ml_embed",
 )
 
 STATUS_NAMES = {0: "ML_OK", 1: "ML_E_IO", 2: "ML_E_FORMAT", 3: "ML_E_SHAPE", 4: "ML_E_ARG",
@@ -63,6 +80,8 @@ CAPABILITY_SYMBOLS: dict[str, tuple[str, ...]] = {
     "forward": ("ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_forward"),
     "load_tokenizer": ("ml_tok_load", "ml_tok_free"),
     "encode": ("ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode"),
+    "i2s": ("ml_i2s_quantize", "ml_i2s_quantize_act", "ml_i2s_matmul"),
+    "embed": ("ml_embed_load", "ml_embed_free", "ml_embed_dim", "ml_embed_vocab", "ml_embed"),
 }
 
 REASON_LEN = 1024  # bytes of the reason buffers given to ml_check, ml_load and ml_tok_load

@@ -1,6 +1,8 @@
-"""Compile the native runtime (src/*.c) into a shared library exporting include/mlrt.h.
+"""Compile the native runtime (src/*.c) into a shared library exporting include/mlrt.h, and the
+bitnet runtime (backends/bitnet/src/*.c) into a second one exporting the I2_S and embeddings groups.
 
-    python backends/native/build.py [OUT.so] [--sanitize] [--m32] [--cc CC]
+    python backends/native/build.py [OUT.so] [--lib mlrt|mlbitnet] [--sanitize] [--m32] [--cc CC]
+    python backends/native/build.py --all          (both libraries at their default paths)
     python backends/native/build.py --worker [OUT] [--cc CC]     (build_worker: aarch64 by default)
 
 Used by the package build (setup.py) and by the tests (sanitizer and -m32 builds). C11, no
@@ -25,12 +27,22 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE / "src"
+BITNET = HERE.parent / "bitnet"
 WORKER_MAIN = HERE / "worker_main.c"
 CFLAGS = ["-std=c11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-fvisibility=hidden"]
 ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
     "kern_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
     "kern_neon.c": (("aarch64", "arm64"), []),
     "kern_neon_dotprod.c": (("aarch64", "arm64"), ["-march=armv8.2-a+dotprod"]),
+    "i2s_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
+    "i2s_neon.c": (("aarch64", "arm64"), []),
+}
+# library -> (its sources, the default output path). The bitnet runtime shares only the native
+# runtime's infrastructure (thread pool, f16 conversion), none of its math.
+LIBRARIES = {
+    "mlrt": (lambda: sorted(SRC.glob("*.c")), HERE / "libmlrt.so"),
+    "mlbitnet": (lambda: [*sorted((BITNET / "src").glob("*.c")), SRC / "pool.c", SRC / "f16.c"],
+                 BITNET / "libmlbitnet.so"),
 }
 
 
@@ -54,11 +66,11 @@ def _m32_asm_include(where: Path) -> list[str]:
     return ["-idirafter", str(inc)]
 
 
-def sources(machine: str | None = None) -> list[tuple[Path, list[str]]]:
-    """(source, extra flags) of the files that belong in a build for ``machine``."""
+def sources(machine: str | None = None, lib: str = "mlrt") -> list[tuple[Path, list[str]]]:
+    """(source, extra flags) of the files of library ``lib`` that belong in a build for ``machine``."""
     machine = machine or platform.machine()
     out = []
-    for p in sorted(SRC.glob("*.c")):
+    for p in LIBRARIES[lib][0]():
         where, flags = ISA_FLAGS.get(p.name, (None, []))
         if where is not None and machine not in where:
             continue
@@ -66,9 +78,11 @@ def sources(machine: str | None = None) -> list[tuple[Path, list[str]]]:
     return out
 
 
-def build(out: str | Path, *, cc: str = "gcc", sanitize: bool = False, m32: bool = False,
-          machine: str | None = None, extra: list[str] | None = None) -> Path:
-    """Compile and link into ``out``; raises BuildError with the compiler's output."""
+def build(out: str | Path | None = None, *, lib: str = "mlrt", cc: str = "gcc", sanitize: bool = False,
+          m32: bool = False, machine: str | None = None, extra: list[str] | None = None) -> Path:
+    """Compile library ``lib`` and link it into ``out`` (default: its place in the source tree);
+    raises BuildError with the compiler's output."""
+    out = out or LIBRARIES[lib][1]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if shutil.which(cc) is None:
@@ -81,7 +95,7 @@ def build(out: str | Path, *, cc: str = "gcc", sanitize: bool = False, m32: bool
         flags.append("-m32")
         machine = "i686"
         flags += _m32_asm_include(out.parent)
-    return _compile_link(cc, flags, sources(machine), ["-shared"], out)
+    return _compile_link(cc, flags, sources(machine, lib), ["-shared"], out)
 
 
 def _run(cmd: list[str]) -> None:
@@ -124,7 +138,10 @@ def build_worker(out: str | Path, machine: str = "aarch64", cc: str = "aarch64-l
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", help="default: libmlrt.so here (--worker: build-aarch64/mlrt-worker)")
+    ap.add_argument("out", nargs="?", help="default: libmlrt.so here, backends/bitnet/libmlbitnet.so for "
+                    "--lib mlbitnet (--worker: build-aarch64/mlrt-worker)")
+    ap.add_argument("--lib", choices=sorted(LIBRARIES), default="mlrt", help="which library (default mlrt)")
+    ap.add_argument("--all", action="store_true", help="build every library at its default path")
     ap.add_argument("--sanitize", action="store_true", help="AddressSanitizer + UBSan build")
     ap.add_argument("--m32", action="store_true", help="32-bit build (gcc-multilib)")
     ap.add_argument("--cc", help="default: gcc (--worker: aarch64-linux-gnu-gcc)")
@@ -135,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.worker:
             print(build_worker(args.out or HERE / "build-aarch64" / "mlrt-worker",
                                cc=args.cc or "aarch64-linux-gnu-gcc"))
+        elif args.all:
+            for lib in LIBRARIES:
+                print(build(lib=lib, cc=args.cc or "gcc", sanitize=args.sanitize, m32=args.m32))
         else:
-            print(build(args.out or HERE / "libmlrt.so", cc=args.cc or "gcc", sanitize=args.sanitize,
-                        m32=args.m32))
+            print(build(args.out, lib=args.lib, cc=args.cc or "gcc", sanitize=args.sanitize, m32=args.m32))
     except BuildError as e:
         print(f"build.py: {e}", file=sys.stderr)
         return 1

@@ -79,6 +79,44 @@ int ml_tok_encode(const ml_tokenizer *t, const char *text, size_t len, int32_t *
 /* Decode ids to bytes: out receives at most cap bytes; *len_out the number needed. */
 int ml_tok_decode(const ml_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap, size_t *len_out);
 
+/* ---------------------------------------------------------------- I2_S (BitNet ternary), specs/i2s.yaml */
+/* Optional group (mlconf's `bitnet` library exports it; libmlrt.so does not). Every result is
+ * bit-identical to the reference on every ISA. ML_E_ARG: a NULL pointer, rows or n of 0, cols not a
+ * positive multiple of 128, a non-finite input; ML_E_FORMAT: code 3 in a payload. */
+
+/* The GGUF payload of a float weight (rows, cols), row-major: rows*cols/4 packed bytes, the f32
+ * scale, 28 zero bytes (rows*cols/4 + 32 bytes in all). */
+int ml_i2s_quantize(const float *w, size_t rows, size_t cols, uint8_t *payload);
+/* Per-row int8 activations of x (rows, cols): q receives rows*cols int8, scale rows floats (the
+ * activation scale a), sum rows int32 (the sum of each row's q). */
+int ml_i2s_quantize_act(const float *x, size_t rows, size_t cols, int8_t *q, float *scale, int32_t *sum);
+/* y (n, rows) = BitLinear matmul of x (n, cols) with the payload of a (rows, cols) weight:
+ * int8 activations, integer i2 x i8 dot, float epilogue. */
+int ml_i2s_matmul(const uint8_t *payload, size_t rows, size_t cols, const float *x, size_t n, float *y);
+
+/* ---------------------------------------------------------------- embeddings (BitNet GGUF) */
+/* Optional group: BitNet embedding models (Qwen3 / Gemma 3 bases) in GGUF with f32, f16 or I2_S
+ * linear weights, as tools/convert_bitnet.py writes them (seed 004). */
+typedef struct ml_embedder ml_embedder;
+
+#define ML_POOL_MODEL (-1) /* the GGUF's pooling_type (mean when it has none) */
+#define ML_POOL_MEAN 1     /* the values of llama.cpp's enum llama_pooling_type */
+#define ML_POOL_CLS 2
+#define ML_POOL_LAST 3
+
+/* Load with `threads` worker threads (0: the number of cores). On failure *out is NULL and reason
+ * names the file, the tensor or key, and the rule: ML_E_IO, ML_E_FORMAT (not GGUF v2/v3, a missing
+ * key or tensor, an unsupported architecture or tensor type, a truncated file, code 3 in I2_S data,
+ * a non-finite weight) or ML_E_SHAPE (a tensor shape that does not fit the hyper-parameters). */
+int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *reason, size_t reason_len);
+void ml_embed_free(ml_embedder *e);
+int32_t ml_embed_dim(const ml_embedder *e);
+int32_t ml_embed_vocab(const ml_embedder *e);
+/* The pooled embedding (dim floats) of tokens[0..n): pooling one of ML_POOL_*, normalize 1 divides
+ * by the L2 norm (llama-embedding --embd-normalize 2). ML_E_ARG: n < 1, a token outside [0, vocab),
+ * an unknown pooling. */
+int ml_embed(ml_embedder *e, const int32_t *tokens, int32_t n, int32_t pooling, int32_t normalize, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,51 @@
+/* i2s_kernels.h: the I2_S kernels of the bitnet runtime, one table per ISA (specs/i2s.yaml).
+ *
+ * i2s_scalar.c is the twin every SIMD table is tested against (tests/test_bitnet_kernels.py):
+ * int8 activations, their scales and sums, and the integer dots are identical on every ISA. The
+ * dots are exact integer sums, so their order does not matter. The table is chosen once from the
+ * CPU's features (i2s_kernels()) or forced with ml_set_isa (dispatch.c); it is the library's only
+ * global state.
+ *
+ * Packed rows (spec `layout`): a row of n values (n % 128 == 0) is n / 4 bytes; byte j of block b
+ * holds the 2-bit codes (q + 1) of elements 128b + j, +32, +64, +96 at bits 7..6, 5..4, 3..2, 1..0.
+ */
+#ifndef MLBITNET_I2S_KERNELS_H
+#define MLBITNET_I2S_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define I2S_BLOCK 128       /* values per block */
+#define I2S_BLOCK_BYTES 32  /* packed bytes per block */
+#define I2S_TAIL 32         /* payload bytes after the packed data: f32 scale + 28 zero bytes */
+
+typedef struct {
+    const char *name;  /* "scalar", "avx2", "neon" */
+    /* Spec `activations` for one row of n finite floats (n >= 1): q[n], returns the scale a and
+     * stores sum q in *sum. */
+    float (*quantize_act)(const float *x, int n, int8_t *q, int32_t *sum);
+    /* sum_k code[k] * x[k] over one packed row of n values (n % 128 == 0): codes 0..3 as stored. */
+    int32_t (*dot)(int n, const uint8_t *w, const int8_t *x);
+    /* One packed row against four activation rows: out[t] = dot(n, w, x[t]). */
+    void (*dot4)(int n, const uint8_t *w, const int8_t *const x[4], int32_t out[4]);
+} i2s_kernel_table;
+
+const i2s_kernel_table *i2s_kernels(void);                /* the table in use */
+const i2s_kernel_table *i2s_kernels_named(const char *name); /* NULL if not built or not runnable */
+
+extern const i2s_kernel_table i2s_kernels_scalar;
+#if defined(__x86_64__)
+extern const i2s_kernel_table i2s_kernels_avx2;  /* compiled with -mavx2 -mfma -mf16c */
+#endif
+#if defined(__aarch64__)
+extern const i2s_kernel_table i2s_kernels_neon;
+#endif
+
+/* The float epilogue (spec `dot`): y = ((float)sumi - (float)act_sum) / a * d, four roundings. */
+static inline float i2s_epilogue(int32_t sumi, int32_t act_sum, float a, float d) {
+    float s = (float)sumi - (float)act_sum;
+    s = s / a;
+    return s * d;
+}
+
+#endif

@@ -1,0 +1,52 @@
+/* i2s_scalar.c: the scalar I2_S kernels, the twin every SIMD table is tested against.
+ *
+ * quantize_act (specs/i2s.yaml `activations`): amax over |x| (exact), floored at 1e-5 in double;
+ * a = (float)(127 / amax) in double (one rounding); t = x * a, one float rounding (no FMA: the
+ * pragmas below, and -std=c11 means -ffp-contract=off for gcc); q = round half away from zero
+ * (C roundf, exact on floats), clamped to [-128, 127].
+ */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <math.h>
+
+#include "i2s_kernels.h"
+
+static float quantize_act(const float *x, int n, int8_t *q, int32_t *sum) {
+    float amax = 0.0f;
+    for (int k = 0; k < n; k++) {
+        float v = fabsf(x[k]);
+        amax = v > amax ? v : amax;
+    }
+    double m = (double)amax > 1e-5 ? (double)amax : 1e-5;
+    float a = (float)(127.0 / m);
+    int32_t s = 0;
+    for (int k = 0; k < n; k++) {
+        float t = x[k] * a;
+        float r = roundf(t);
+        r = r > 127.0f ? 127.0f : r < -128.0f ? -128.0f : r;
+        q[k] = (int8_t)r;
+        s += q[k];
+    }
+    *sum = s;
+    return a;
+}
+
+static int32_t dot(int n, const uint8_t *w, const int8_t *x) {
+    int32_t s = 0;
+    for (int b = 0; b < n / I2S_BLOCK; b++, w += I2S_BLOCK_BYTES, x += I2S_BLOCK)
+        for (int j = 0; j < 32; j++) {
+            uint8_t v = w[j];
+            s += (v >> 6) * x[j] + ((v >> 4) & 3) * x[j + 32] + ((v >> 2) & 3) * x[j + 64] + (v & 3) * x[j + 96];
+        }
+    return s;
+}
+
+static void dot4(int n, const uint8_t *w, const int8_t *const x[4], int32_t out[4]) {
+    for (int t = 0; t < 4; t++) out[t] = dot(n, w, x[t]);
+}
+
+const i2s_kernel_table i2s_kernels_scalar = {"scalar", quantize_act, dot, dot4};
