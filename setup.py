@@ -24,7 +24,8 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "backends" / "native"
-LIBRARIES = {"mlrt": ("native", "libmlrt.so"), "mlbitnet": ("bitnet", "libmlbitnet.so")}  # lib -> (package, file)
+# library -> (its package under backends/, the file)
+LIBRARIES = {"mlrt": ("native", "libmlrt.so"), "mlbitnet": ("bitnet", "libmlbitnet.so")}
 
 
 def _native_build():

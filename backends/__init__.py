@@ -2,9 +2,11 @@
 
 Names (DESIGN.md): ``reference``, ``native`` (the C runtime, best ISA), ``native:scalar``,
 ``native:avx2``, ``native:neon``, ``native:neon-dotprod`` (one ISA forced; the NEON ones under
-qemu-user on hosts that are not aarch64), ``lib:PATH`` (any shared library exporting
-backends/native/include/mlrt.h); later ``bitnet``. A name is resolved by ``get``;
-``builtin_names`` lists the ones ``mlconf run`` uses when no backend is named.
+qemu-user on hosts that are not aarch64), ``bitnet`` (the I2_S path in C, libmlbitnet.so: I2_S
+math and BitNet GGUF embeddings, best ISA), ``bitnet:scalar``, ``bitnet:avx2`` (one ISA forced),
+``lib:PATH`` (any shared library exporting backends/native/include/mlrt.h). A name is resolved by
+``get``; ``builtin_names`` lists the ones ``mlconf run`` uses when no backend is named: reference,
+and native and bitnet when their libraries are built and load.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from collections.abc import Callable
 
 from .base import (
     CAPABILITIES,
+    POOLINGS,
     STATUSES,
     Backend,
     BackendError,
+    EmbedderSession,
     InputError,
     LoadResult,
     ModelSession,
@@ -24,7 +28,8 @@ from .base import (
     WorkerTimeout,
 )
 
-__all__ = ["CAPABILITIES", "STATUSES", "Backend", "BackendError", "InputError", "LoadResult", "ModelSession",
+__all__ = ["CAPABILITIES", "POOLINGS", "STATUSES", "Backend", "BackendError", "EmbedderSession", "InputError",
+           "LoadResult", "ModelSession",
            "Unsupported", "WorkerCrash", "WorkerTimeout",
            "get", "builtin_names", "register"]
 
@@ -57,6 +62,16 @@ def _native_available() -> bool:
     return native_available()
 
 
+def _bitnet(name: str) -> Backend:
+    from .bitnet import bitnet_backend
+    return bitnet_backend(name)
+
+
+def _bitnet_available() -> bool:
+    from .bitnet import bitnet_available
+    return bitnet_available()
+
+
 def _external(name: str) -> Backend:
     from .external import external_backend
     return external_backend(name)
@@ -66,6 +81,9 @@ register("reference", _reference)
 register("native", _native, builtin=_native_available)
 for _isa in ("scalar", "avx2", "neon", "neon-dotprod"):
     register(f"native:{_isa}", _native, builtin=False)
+register("bitnet", _bitnet, builtin=_bitnet_available)
+for _isa in ("scalar", "avx2"):
+    register(f"bitnet:{_isa}", _bitnet, builtin=False)
 register("lib:", _external)
 
 

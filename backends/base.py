@@ -20,7 +20,12 @@ CAPABILITIES = {
     "forward": "logits: open_model(path, ctx) -> session; session.forward(tokens, pos) -> (n, vocab) f32",
     "load_tokenizer": "validate an .mlt file: load_tokenizer(path, model_vocab) -> LoadResult",
     "encode": "open_tokenizer(path) -> session; session.encode(text) -> ids, session.decode(ids) -> bytes",
+    "i2s": "I2_S math: i2s_quantize(w) -> payload bytes; i2s_quantize_act(x) -> (q int8, scale f32, "
+           "sum int32); i2s_matmul(payload, shape, x) -> y f32",
+    "embed": "BitNet GGUF embeddings: open_embedder(path) -> session; "
+             "session.embed(tokens, pooling, normalize) -> (dim,) f32",
 }
+POOLINGS = (None, "mean", "cls", "last")   # EmbedderSession.embed: None is the model's own pooling
 STATUSES = ("ML_OK", "ML_E_IO", "ML_E_FORMAT", "ML_E_SHAPE")
 
 
@@ -75,6 +80,26 @@ class Backend(Protocol):
 
     def open_tokenizer(self, path: str) -> TokenizerSession: ...
 
+    # -- "i2s" (specs/i2s.yaml); a refused input (shape, dtype, non-finite value, payload length,
+    # code 3) raises ValueError, as quantize_q8_0 does
+    def i2s_quantize(self, w: np.ndarray) -> bytes:
+        """The GGUF I2_S payload of a float32/float16 weight (rows, cols) or one row (cols,):
+        rows*cols/4 packed bytes, the f32 scale, 28 zero bytes."""
+        ...
+
+    def i2s_quantize_act(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-row int8 activations of float32 x (rows, cols) or (cols,): (q int8 of x's shape,
+        scale f32 and sum int32 of shape x.shape[:-1])."""
+        ...
+
+    def i2s_matmul(self, payload: bytes, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:
+        """BitLinear y = x W^T of float32 x (n, cols) or (cols,) with the payload of a (rows, cols)
+        weight: float32 (n, rows) or (rows,)."""
+        ...
+
+    # -- "embed"; a GGUF the backend refuses raises InputError with the reason
+    def open_embedder(self, path: str) -> EmbedderSession: ...
+
 
 class TokenizerSession(Protocol):
     """A loaded .mlt tokenizer."""
@@ -82,6 +107,22 @@ class TokenizerSession(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> bytes: ...
+
+
+class EmbedderSession(Protocol):
+    """A loaded BitNet embedding model (GGUF). ``dim``: the embedding width; ``vocab``: the number
+    of token ids. embed raises InputError for no tokens, a token outside [0, vocab) or a pooling
+    not in POOLINGS."""
+
+    dim: int
+    vocab: int
+
+    def embed(self, tokens: np.ndarray, pooling: str | None = None, normalize: bool = False) -> np.ndarray:
+        """The pooled embedding, float32 (dim,): pooling "mean", "cls", "last" or None (the model's
+        pooling_type, mean when it has none); normalize divides by the L2 norm."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class ModelSession(Protocol):

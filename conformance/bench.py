@@ -411,6 +411,125 @@ def native_report(out: str | Path | None = None) -> str:
     return text
 
 
+# ---------------------------------------------------------------- bitnet (issue 6)
+# Qwen3-0.6B's shape (issue 6's embedding bench); vocab cut to 1024: an embedding costs one row
+# lookup per token, so the vocabulary does not change embeddings/s, only the file size.
+QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                 head_dim=128, intermediate_size=3072, vocab_size=1024, max_position_embeddings=512)
+I2S_MATVEC_SHAPE = (4096, 4096)
+
+
+def _bitnet_lib():
+    """The built bitnet library, opened in this process (ABI + mlbitnet_bench_matvec)."""
+    import cffi
+
+    from mlconf.backends.bitnet import LIBRARY
+    from mlconf.backends.native import abi
+    if not LIBRARY.exists():
+        raise FileNotFoundError(f"{LIBRARY}: the bitnet library is not built")
+    ffi = cffi.FFI()
+    ffi.cdef(abi.CDEF + "double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int threads, "
+             "int iters);")
+    return ffi, ffi.dlopen(str(LIBRARY))
+
+
+def bitnet_matvec_bench(isas: tuple[str, ...] = ("scalar", "avx2", "neon"), threads: tuple[int, ...] = (1, 2),
+                        iters: int = 5) -> tuple[float, list[dict]]:
+    """(read GB/s, rows): I2_S matvec on 4096 x 4096 per ISA and thread count (weight bytes
+    streamed: 2 bits per weight + the 32-byte tail), beside the native runtime's Q8_0 and Q4_0
+    matvecs on the same shape, ISA and threads in the same run; vs_q8_0 is the speed-up in time."""
+    _, blib = _bitnet_lib()
+    nlib = _bench_lib()
+    bw = nlib.mlrt_bench_read_bw(512 << 20, 3)
+    r, c = I2S_MATVEC_SHAPE
+    rows = []
+    for isa in isas:
+        if blib.mlbitnet_bench_matvec(isa.encode(), 128, 128, 1, 1) < 0:
+            continue  # not built or not runnable here
+        for th in threads:
+            t_i2s = blib.mlbitnet_bench_matvec(isa.encode(), r, c, th, iters)
+            times = {"I2_S": (t_i2s, r * c // 4 + 32)}
+            for fmt, name, bpb in ((1, "Q8_0", 34), (2, "Q4_0", 18)):
+                t = nlib.mlrt_bench_matvec(isa.encode(), fmt, r, c, th, iters)
+                if t > 0:
+                    times[name] = (t, r * c // 32 * bpb)
+            q8 = times.get("Q8_0", (float("nan"), 0))[0]
+            for name, (t, nbytes) in times.items():
+                rows.append({"matvec": f"{name} {r}x{c}", "isa": isa, "threads": th, "ms": t * 1e3,
+                             "GB_s": nbytes / t / 1e9, "of_read_bw": nbytes / t / 1e9 / bw,
+                             "vs_q8_0": q8 / t})
+    return bw, rows
+
+
+def write_bitnet_bench_model(folder: str | Path, seed: int = 0) -> Path:
+    """A Qwen3-0.6B-shaped BitNet embedding model with random weights (tools/bitnet_models.py),
+    converted to I2_S GGUF by tools/convert_bitnet.py; returns the .gguf (about 110 MB; the
+    checkpoint in between, 1.8 GB, is deleted)."""
+    import shutil
+
+    from mlconf.tools import bitnet_models
+    from mlconf.tools.convert_bitnet import convert
+
+    folder = Path(folder)
+    ck = bitnet_models.build("qwen3", folder / "ckpt", seed=seed, **QWEN3_06B)
+    out = folder / "qwen3_0.6b_shape_i2s.gguf"
+    convert(ck, out, "i2_s")
+    shutil.rmtree(ck)
+    return out
+
+
+def bitnet_embed_bench(gguf_path: str | Path, seq: int = 128, threads: tuple[int, ...] = (1, 2),
+                       repeat: int = 3) -> list[dict]:
+    """Embeddings/s of the bitnet runtime called in this process (ml_embed_load, ml_embed: mean
+    pooling, normalized) on ``seq`` tokens, best of ``repeat`` after one warm-up call."""
+    ffi, lib = _bitnet_lib()
+    toks = ffi.new("int32_t[]", [(7 * i + 3) % 1024 for i in range(seq)])
+    out = []
+    for th in threads:
+        pp = ffi.new("ml_embedder **")
+        reason = ffi.new("char[]", 1024)
+        st = lib.ml_embed_load(str(gguf_path).encode(), th, pp, reason, 1024)
+        if st != 0:
+            raise RuntimeError(f"{gguf_path}: ml_embed_load: {ffi.string(reason).decode()}")
+        e = pp[0]
+        try:
+            vec = ffi.new("float[]", lib.ml_embed_dim(e))
+            lib.ml_embed(e, toks, seq, 1, 1, vec)
+            best = _best(lambda e=e, vec=vec: lib.ml_embed(e, toks, seq, 1, 1, vec), repeat)
+        finally:
+            lib.ml_embed_free(e)
+        out.append({"model": "Qwen3-0.6B shape, I2_S", "seq": seq, "isa": ffi.string(lib.ml_isa()).decode(),
+                    "threads": th, "s_per_embedding": best, "embeddings_s": 1 / best, "tokens_s": seq / best})
+    return out
+
+
+def bitnet_report(out: str | Path | None = None, workdir: str | None = None) -> str:
+    """The bitnet benchmark as Markdown: I2_S matvec against native Q8_0/Q4_0 and the read
+    bandwidth, and embeddings/s of the Qwen3-0.6B-shaped model; also written to ``out``."""
+    import platform
+    import tempfile
+
+    bw, mrows = bitnet_matvec_bench()
+    with tempfile.TemporaryDirectory(prefix="mlconf-bench-", dir=workdir) as tmp:
+        erows = bitnet_embed_bench(write_bitnet_bench_model(tmp))
+    text = "\n".join([
+        "# mlconf bench: bitnet runtime", "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores. Read bandwidth (C kernel, 512 MB, "
+        f"1 thread): {bw:.1f} GB/s.", "",
+        "## I2_S matrix-vector product against the native runtime's Q8_0 and Q4_0", "",
+        tabulate(mrows, headers="keys", tablefmt="github", floatfmt=".4g"), "",
+        "GB_s counts the weight bytes streamed (I2_S: 2 bits per weight; Q8_0: 34 bytes per 32; "
+        "Q4_0: 18 per 32); vs_q8_0 is Q8_0's time over this row's. I2_S includes the int8 "
+        "quantization of the input row; the Q8_0/Q4_0 rows start from quantized activations.", "",
+        "## Embeddings of a Qwen3-0.6B-shaped BitNet model (random weights, 128 tokens)", "",
+        tabulate(erows, headers="keys", tablefmt="github", floatfmt=".4g"), ""])
+    if out is not None:
+        from mlconf.tools.mlb import atomic_write
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, [text.encode()])
+    return text
+
+
 def format_table(rows: list[dict]) -> str:
     return tabulate(rows, headers="keys", floatfmt=".4g")
 

@@ -7,6 +7,11 @@ A Case names the capability it needs, the spec row it comes from and its expecta
   forward golden/logits: transformers' logits of converted tiny models, within
           specs/tolerances.yaml logits_runtime_vs_oracle, prefilled and decoded token by token
   tokenizer .mlt loader statuses (specs/mlt.yaml) and token ids against HF tokenizers' goldens
+  bitnet  I2_S packing, int8 activations and the BitLinear matmul (specs/i2s.yaml edge cases and
+          golden/bitnet/i2s_edge.npz bit-exact, seeded random inputs bit-exact against the reference,
+          refusals), and BitNet GGUF embeddings (golden/bitnet/NAME.gguf + NAME.npz from a PyTorch
+          BitLinear oracle, within specs/tolerances.yaml embeddings_vs_oracle; against the
+          reference within embeddings_runtime_vs_reference; damaged GGUFs refused)
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 from mlconf import fixtures, specs
 from mlconf.golden import GOLDEN_DIR
 
-AREAS = ("header", "loader", "quant", "forward", "tokenizer")
+AREAS = ("header", "loader", "quant", "forward", "tokenizer", "bitnet")
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,250 @@ def _tokenizer_golden_cases() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------- bitnet (I2_S, embeddings)
+I2S_BLOCK, I2S_TAIL = 128, 32       # specs/i2s.yaml block, tail_bytes
+BITNET_DIR = GOLDEN_DIR / "bitnet"
+EMBED_POOLINGS = ("mean", "cls", "last")
+EMBED_SEQUENCES = 3                 # tokens_0 .. tokens_2 of golden/bitnet/NAME.npz
+# seeded random inputs compared bit for bit with the reference backend: (rows, cols, n tokens)
+I2S_RANDOM = ((1, 128, 1), (3, 256, 2), (17, 384, 5), (64, 512, 7), (5, 1280, 3))
+# I2_S inputs every backend must refuse (specs/i2s.yaml `refused`): name -> (shape, NaN at flat index)
+I2S_REFUSED = {"cols_64": ((1, 64), None), "cols_130": ((2, 130), None), "nan_weight": ((2, 128), 77)}
+# damaged copies of a golden GGUF that open_embedder must refuse (runner.damage_gguf makes them)
+GGUF_DAMAGE = ("nan_norm", "truncated", "code3")
+# calls on a valid embedder that must raise InputError: name -> (tokens, pooling)
+EMBED_BAD_CALLS = {"no_tokens": ([], "mean"), "token_out_of_range": ([1, 2, None], "mean"),
+                   "negative_token": ([1, -1], "mean"), "unknown_pooling": ([1, 2], "max")}
+
+
+def pack_codes(codes: np.ndarray) -> np.ndarray:
+    """2-bit codes (flat, length a multiple of 128) -> packed bytes, specs/i2s.yaml `layout`:
+    byte j of a block = c[j] << 6 | c[j+32] << 4 | c[j+64] << 2 | c[j+96]."""
+    c = np.asarray(codes, dtype=np.uint8).reshape(-1, 4, 32)
+    return ((c[:, 0] << 6) | (c[:, 1] << 4) | (c[:, 2] << 2) | c[:, 3]).reshape(-1).astype(np.uint8)
+
+
+def i2s_payload_bytes(packed: bytes | np.ndarray, d: float) -> bytes:
+    """packed codes, the f32 scale (little endian), 28 zero bytes."""
+    scale = np.array([d], dtype="<f4").tobytes()
+    return bytes(np.asarray(packed, dtype=np.uint8)) + scale + bytes(I2S_TAIL - 4)
+
+
+def _i2s_spec_cases() -> list[Case]:
+    doc = specs.load("i2s")
+    out = []
+    edge = doc.get("edge_cases") or []
+    packed_of = {}        # w values -> payload, for the bitlinear case's weight
+    for e in edge:
+        name, op = e["name"], e["op"]
+        spec = f"i2s.yaml#edge_cases.{name}"
+        exp = e["expect"]
+        if op == "ternarize":
+            w = np.array(block_values(e["w"], I2S_BLOCK), dtype=np.float32).reshape(1, -1)
+            payload = bytes.fromhex(exp["packed"]) + bytes.fromhex(exp["payload_tail"])
+            packed_of[w.tobytes()] = payload
+            out.append(Case(f"bitnet/i2s_pack/{name}", "bitnet", "i2s", spec, "bit-exact",
+                            {"op": "pack", "w": w, "d": _value(exp["d"])}, payload))
+        elif op == "activations":
+            x = np.array(block_values(e["x"], I2S_BLOCK), dtype=np.float32).reshape(1, -1)
+            xq = np.array([int(v) for v in block_values(exp["xq"], I2S_BLOCK)], dtype=np.int8)
+            expected = (xq.tobytes(), np.array([_value(exp["scale"])], dtype="<f4").tobytes(),
+                        np.array([int(exp["act_sum"])], dtype="<i4").tobytes())
+            out.append(Case(f"bitnet/i2s_act/{name}", "bitnet", "i2s", spec, "bit-exact",
+                            {"op": "act", "x": x}, expected))
+    for e in edge:
+        if e["op"] != "bitlinear":
+            continue
+        name, exp = e["name"], e["expect"]
+        w = np.array(block_values(e["w"], I2S_BLOCK), dtype=np.float32).reshape(1, -1)
+        x = np.array(block_values(e["x"], I2S_BLOCK), dtype=np.float32).reshape(1, -1)
+        payload = packed_of.get(w.tobytes())
+        if payload is None:
+            raise ValueError(f"i2s.yaml#edge_cases.{name}: its w is the w of no ternarize edge case, so the "
+                             "payload it multiplies is not stated by the spec")
+        y = np.array([_value(exp["y"])], dtype="<f4").tobytes()
+        out.append(Case(f"bitnet/i2s_matmul/{name}", "bitnet", "i2s", f"i2s.yaml#edge_cases.{name}",
+                        "bit-exact",
+                        {"op": "matmul", "payload": payload, "shape": w.shape, "x": x,
+                         "note": f"sumi {exp['sumi']}, act_sum {exp['act_sum']}"}, y))
+    for name, (shape, nan_at) in I2S_REFUSED.items():
+        w = np.linspace(-1, 1, shape[0] * shape[1], dtype=np.float32).reshape(shape)
+        if nan_at is not None:
+            w.reshape(-1)[nan_at] = np.nan
+        out.append(Case(f"bitnet/i2s_pack/refused/{name}", "bitnet", "i2s", "i2s.yaml#refused", "refused",
+                        {"op": "pack", "w": w}))
+    x = np.linspace(-3, 3, 2 * 256, dtype=np.float32).reshape(2, 256)
+    x[1, 200] = np.inf
+    out.append(Case("bitnet/i2s_act/refused/inf_activation", "bitnet", "i2s", "i2s.yaml#refused", "refused",
+                    {"op": "act", "x": x}))
+    codes = np.ones(4 * 256, dtype=np.uint8)
+    codes[300] = 3
+    shape = (4, 256)
+    x = np.linspace(-1, 1, 2 * 256, dtype=np.float32).reshape(2, 256)
+    out.append(Case("bitnet/i2s_matmul/refused/code3", "bitnet", "i2s", "i2s.yaml#layout.reading", "refused",
+                    {"op": "matmul", "payload": i2s_payload_bytes(pack_codes(codes), 0.5), "shape": shape,
+                     "x": x}))
+    good = i2s_payload_bytes(pack_codes(np.ones(4 * 256, dtype=np.uint8)), 0.5)
+    out.append(Case("bitnet/i2s_matmul/refused/payload_length", "bitnet", "i2s", "i2s.yaml#layout.reading",
+                    "refused", {"op": "matmul", "payload": good[:-1], "shape": shape, "x": x}))
+    return out
+
+
+def _i2s_golden_cases() -> list[Case]:
+    """golden/bitnet/i2s_edge.npz: w_NAME float32 and payload_NAME uint8 (an independent packer)."""
+    path = BITNET_DIR / "i2s_edge.npz"
+    if not path.exists():
+        return []
+    out = []
+    with np.load(path) as g:
+        for key in sorted(k for k in g.files if k.startswith("w_")):
+            name = key.removeprefix("w_")
+            if f"payload_{name}" not in g.files:
+                continue
+            out.append(Case(f"bitnet/i2s_pack/golden/{name}", "bitnet", "i2s",
+                            f"i2s.yaml#ternarize (golden/bitnet/i2s_edge.npz {name})", "bit-exact",
+                            {"op": "pack", "w": g[key].astype(np.float32)},
+                            g[f"payload_{name}"].astype(np.uint8).tobytes()))
+    return out
+
+
+def _i2s_random_cases() -> list[Case]:
+    """Seeded random inputs; the reference backend's answer is the expectation (not run on it)."""
+    out = []
+    for seed, (rows, cols, n) in enumerate(I2S_RANDOM):
+        rng = np.random.default_rng(1000 + seed)
+        tag = f"{rows}x{cols}_n{n}_seed{seed}"
+        w = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 2)).astype(np.float32)
+        x = (rng.standard_normal((n, cols)) * rng.uniform(0.1, 10)).astype(np.float32)
+        x[:, rng.integers(0, cols)] *= 20      # an outlier column sets amax
+        codes = rng.integers(0, 3, rows * cols).astype(np.uint8)
+        payload = i2s_payload_bytes(pack_codes(codes), float(np.float32(rng.uniform(1e-3, 1))))
+        common = {"expected_from": "reference", "seed": 1000 + seed}
+        spec = "i2s.yaml (seeded random input, the reference backend as expectation)"
+        out += [
+            Case(f"bitnet/i2s_pack/random_{tag}/vs_reference", "bitnet", "i2s", spec, "bit-exact",
+                 {"op": "pack", "w": w, **common}),
+            Case(f"bitnet/i2s_act/random_{tag}/vs_reference", "bitnet", "i2s", spec, "bit-exact",
+                 {"op": "act", "x": x, **common}),
+            Case(f"bitnet/i2s_matmul/random_{tag}/vs_reference", "bitnet", "i2s", spec, "bit-exact",
+                 {"op": "matmul", "payload": payload, "shape": (rows, cols), "x": x, **common}),
+        ]
+    return out
+
+
+def bitnet_goldens() -> list[str]:
+    """Names of the golden embedding models: golden/bitnet/NAME.gguf with NAME.npz."""
+    if not BITNET_DIR.is_dir():
+        return []
+    return sorted(p.stem for p in BITNET_DIR.glob("*.gguf") if p.with_suffix(".npz").exists())
+
+
+def _embed_cases() -> list[Case]:
+    out = []
+    for name in bitnet_goldens():
+        gguf, npz = BITNET_DIR / f"{name}.gguf", BITNET_DIR / f"{name}.npz"
+        with np.load(npz) as g:
+            data = {k: g[k] for k in g.files}
+        for i in range(EMBED_SEQUENCES):
+            if f"tokens_{i}" not in data:
+                continue
+            tokens = data[f"tokens_{i}"].astype(np.int32)
+            for pooling in EMBED_POOLINGS:
+                for normalize in (False, True):
+                    key = f"{pooling}_norm_{i}" if normalize else f"{pooling}_{i}"
+                    if key not in data:
+                        continue
+                    label = f"{pooling}_norm" if normalize else pooling
+                    params = {"op": "embed", "model": gguf, "tokens": tokens, "pooling": pooling,
+                              "normalize": normalize}
+                    out.append(Case(f"bitnet/embed/{name}/{i}/{label}", "bitnet", "embed",
+                                    f"tolerances.yaml#embeddings_vs_oracle (golden/bitnet/{name}, oracle "
+                                    "PyTorch BitLinear)", "toleranced",
+                                    {**params, "tolerance": "embeddings_vs_oracle"},
+                                    data[key].astype(np.float32)))
+                    out.append(Case(f"bitnet/embed/{name}/{i}/{label}/vs_reference", "bitnet", "embed",
+                                    f"tolerances.yaml#embeddings_runtime_vs_reference (golden/bitnet/{name})",
+                                    "toleranced", {**params, "tolerance": "embeddings_runtime_vs_reference",
+                                                   "expected_from": "reference"}))
+        for kind in GGUF_DAMAGE:
+            if kind == "code3" and not any(t["type"] == GGUF_I2_S for t in gguf_tensors(gguf)):
+                continue
+            out.append(Case(f"bitnet/embed/refused/{name}/{kind}", "bitnet", "embed",
+                            f"mlrt.h#ml_embed_load (golden/bitnet/{name}.gguf, damaged: {kind})", "refused",
+                            {"op": "open", "model": gguf, "damage": kind}))
+    names = bitnet_goldens()
+    if names:
+        gguf = BITNET_DIR / f"{names[0]}.gguf"
+        for kind, (tokens, pooling) in EMBED_BAD_CALLS.items():
+            out.append(Case(f"bitnet/embed/refused/{names[0]}/{kind}", "bitnet", "embed",
+                            "mlrt.h#ml_embed (ML_E_ARG)", "refused",
+                            {"op": "embed_call", "model": gguf, "tokens": tokens, "pooling": pooling}))
+    return out
+
+
+def bitnet_cases() -> list[Case]:
+    return _i2s_spec_cases() + _i2s_golden_cases() + _i2s_random_cases() + _embed_cases()
+
+
+# ---------------------------------------------------------------- GGUF reading (no gguf-py: it is an extra)
+GGUF_F32, GGUF_F16, GGUF_I2_S = 0, 1, 36
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                 12: "<d"}
+
+
+def gguf_tensors(path) -> list[dict]:
+    """The tensor infos of a GGUF v2/v3 file: name, shape (GGUF order), type, offset (absolute),
+    nbytes (F32, F16 and I2_S; None for other types)."""
+    import struct
+    with open(path, "rb") as f:
+        buf = f.read()
+    pos = 0
+
+    def take(fmt: str):
+        nonlocal pos
+        v = struct.unpack_from(fmt, buf, pos)
+        pos += struct.calcsize(fmt)
+        return v[0]
+
+    def string() -> str:
+        nonlocal pos
+        n = take("<Q")
+        pos += n
+        return buf[pos - n:pos].decode("utf-8", "replace")
+
+    def value(t: int):
+        if t == 8:
+            return string()
+        if t == 9:
+            et, n = take("<I"), take("<Q")
+            return [value(et) for _ in range(n)]
+        return take(_GGUF_SCALARS[t])
+
+    if buf[:4] != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    pos = 4
+    take("<I")
+    n_tensors, n_kv = take("<Q"), take("<Q")
+    align = 32
+    for _ in range(n_kv):
+        key = string()
+        v = value(take("<I"))
+        if key == "general.alignment":
+            align = int(v)
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        shape = [take("<Q") for _ in range(take("<I"))]
+        ttype, off = take("<I"), take("<Q")
+        infos.append({"name": name, "shape": shape, "type": ttype, "offset": off})
+    start = -(-pos // align) * align
+    for t in infos:
+        t["offset"] += start
+        n = int(np.prod(t["shape"]))
+        t["nbytes"] = {GGUF_F32: 4 * n, GGUF_F16: 2 * n, GGUF_I2_S: n // 4 + I2S_TAIL}.get(t["type"])
+    return infos
+
+
 def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | None = None) -> list[Case]:
     areas = tuple(areas or AREAS)
     unknown = set(areas) - set(AREAS)
@@ -177,6 +426,8 @@ def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | Non
         out += _edge_cases() + _golden_cases()
     if "forward" in areas:
         out += _forward_cases()
+    if "bitnet" in areas:
+        out += bitnet_cases()
     if keyword:
         match = keyword_matcher(keyword)
         out = [c for c in out if match(c.id)]

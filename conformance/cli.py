@@ -52,8 +52,9 @@ def cmd_backends(args) -> int:
     print(tabulate(rows, headers=["backend"] + caps))
     if notes:
         print("\n" + "\n".join(notes))
-    print("\nAlso: native:scalar, native:avx2, native:neon (the native runtime with one ISA forced) and "
-          "lib:PATH (any shared library exporting the C ABI of backends/native/include/mlrt.h).")
+    print("\nAlso: native:scalar, native:avx2, native:neon, native:neon-dotprod (the native runtime with one "
+          "ISA forced), bitnet:scalar, bitnet:avx2 (the bitnet runtime with one ISA forced) and lib:PATH "
+          "(any shared library exporting the C ABI of backends/native/include/mlrt.h or some of it).")
     return 0
 
 
@@ -270,6 +271,101 @@ def cmd_decode(args) -> int:
     return 0
 
 
+# GGUF tokenizer.ggml.pre -> the .mlt pre-tokenizer flags of the reference encoder (llama.cpp's
+# regex for that name; decision cli.embed_text). Other names are refused.
+GGUF_PRE_FLAGS = {"gpt2": 32, "gpt-2": 32, "llama-bpe": 0, "llama3": 0, "qwen2": 16}
+
+
+def gguf_text_ids(path: str, text: str) -> np.ndarray:
+    """Token ids of ``text`` with the GGUF's own gpt2-type BPE (tokenizer.ggml.tokens, token_type,
+    merges, pre), encoded by the reference byte-level encoder; BOS first when add_bos_token and
+    EOS last when add_eos_token is true (as llama.cpp tokenizes with add_special)."""
+    try:
+        import gguf
+    except ImportError:
+        raise UsageError("--text reads the GGUF's tokenizer with gguf-py: pip install gguf, "
+                         "or give --tokens") from None
+    from mlconf.backends.reference.tokenizer import Encoder
+    from mlconf.tools import mlt
+    from mlconf.tools.convert_bitnet import register_i2s
+    from mlconf.tools.convert_tokenizer import CHAR_TO_BYTE
+
+    register_i2s()   # gguf-py learns the I2_S tensor type (36), else it refuses the file
+    try:
+        r = gguf.GGUFReader(path)
+    except OSError:
+        raise
+    except Exception as e:  # gguf-py raises ValueError, struct.error, ... on a damaged file
+        raise UsageError(f"{path}: not a readable GGUF ({type(e).__name__}: {e})") from None
+
+    def get(key, default=None):
+        f = r.fields.get(f"tokenizer.ggml.{key}")
+        return default if f is None else f.contents()
+
+    model, pre = get("model"), get("pre", "default")
+    if model != "gpt2":
+        raise UsageError(f"{path}: tokenizer.ggml.model {model!r}: --text supports gpt2-type (byte-level "
+                         "BPE) vocabularies only; give --tokens")
+    if pre not in GGUF_PRE_FLAGS:
+        raise UsageError(f"{path}: tokenizer.ggml.pre {pre!r} has no pre-tokenizer here (known: "
+                         f"{', '.join(GGUF_PRE_FLAGS)}); give --tokens (e.g. from `mlconf encode`)")
+    pieces, types = get("tokens", []), get("token_type", [])
+    if len(types) != len(pieces):
+        raise UsageError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for "
+                         f"{len(pieces)} tokens")
+    tokens = []
+    for piece, typ in zip(pieces, types, strict=True):
+        if int(typ) in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED):
+            tokens.append((mlt.ATTR_ADDED, piece.encode("utf-8")))
+        else:   # byte-level spelling -> bytes (an unused [PADn] keeps its characters' bytes)
+            tokens.append((mlt.ATTR_PLAIN, bytes(CHAR_TO_BYTE.get(c, 0) for c in piece)))
+    ids = {p: i for i, p in reversed(list(enumerate(pieces)))}
+    merges = []
+    for rank, m in enumerate(get("merges", [])):
+        left, _, right = m.partition(" ")
+        if left not in ids or right not in ids or left + right not in ids:
+            raise UsageError(f"{path}: tokenizer.ggml.merges[{rank}] {m!r} names a piece not in the "
+                             "vocabulary")
+        merges.append((ids[left], ids[right], ids[left + right]))
+    out = Encoder(mlt.Tokenizer(kind=mlt.KIND_BYTE_LEVEL, flags=GGUF_PRE_FLAGS[pre], tokens=tokens,
+                                merges=merges)).encode(text)
+    for key, first in (("bos", True), ("eos", False)):
+        if get(f"add_{key}_token", False):
+            tid = get(f"{key}_token_id")
+            if tid is None:
+                raise UsageError(f"{path}: tokenizer.ggml.add_{key}_token is true but {key}_token_id "
+                                 "is absent")
+            out = [int(tid)] + out if first else out + [int(tid)]
+    if not out:
+        raise UsageError("--text: the text gives no tokens")
+    return np.array(out, dtype=np.int64)
+
+
+def cmd_embed(args) -> int:
+    from mlconf.backends import InputError, Unsupported
+    if not Path(args.model).is_file():
+        raise UsageError(f"{args.model}: no such file")
+    tokens = parse_tokens(args.tokens) if args.tokens is not None else gguf_text_ids(args.model, args.text)
+    b = _backend(args.backend)
+    if "embed" not in b.capabilities:
+        raise UsageError(f"backend {b.name} has no embed capability")
+    try:
+        session = b.open_embedder(args.model)
+        try:
+            vec = np.asarray(session.embed(tokens, args.pooling, args.normalize), dtype=np.float32)
+        finally:
+            session.close()
+    except (InputError, Unsupported) as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        print(json.dumps({"model": str(args.model), "backend": b.name, "tokens": [int(t) for t in tokens],
+                          "pooling": args.pooling, "normalize": bool(args.normalize),
+                          "embedding": [float(v) for v in vec]}))
+    else:
+        print(" ".join(str(v) for v in vec))   # np.float32: shortest text that reads back exactly
+    return 0
+
+
 def cmd_convert_tokenizer(args) -> int:
     from mlconf.tools import convert_tokenizer
     return convert_tokenizer.main(args.args, prog="mlconf convert-tokenizer")
@@ -290,12 +386,14 @@ def cmd_bench(args) -> int:
     from mlconf.golden import GOLDEN_DIR
     if args.what in ("all", "quant"):
         print(bench.format_table(bench.quant_bench(rows=args.rows, cols=args.cols)))
-    if args.what == "native":
+    if args.what in ("native", "bitnet"):
+        report = bench.native_report if args.what == "native" else bench.bitnet_report
+        out = Path(args.report) / ("bench.md" if args.what == "native" else "bench-bitnet.md")
         try:
-            print(bench.native_report(Path(args.report) / "bench.md"))
+            print(report(out))
         except FileNotFoundError as e:
             raise UsageError(str(e)) from None
-        print(f"\n(written to {Path(args.report) / 'bench.md'})")
+        print(f"\n(written to {out})")
         return 0
     if args.what in ("all", "tokenizer"):
         if args.tokenizer_json:
@@ -351,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the conformance suite and print a summary")
     p.add_argument("-b", "--backend", action="append", help="backend name (repeatable; default all built-in)")
     p.add_argument("-k", metavar="EXPR", help="select cases whose id matches (and/or/not, parentheses)")
-    p.add_argument("--area", action="append", choices=["header", "loader", "quant", "forward", "tokenizer"])
+    from mlconf.cases import AREAS
+    p.add_argument("--area", action="append", choices=list(AREAS))
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("forward", help="logits of a token sequence (one row per position)")
@@ -392,6 +491,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--backend", default="reference")
     p.set_defaults(fn=cmd_decode)
 
+    p = sub.add_parser("embed", help="pooled embedding of a BitNet GGUF (one line of floats, or JSON)")
+    p.add_argument("model", metavar="MODEL.gguf")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--tokens", help="comma-separated token ids, used as given")
+    g.add_argument("--text", help="tokenized with the GGUF's own vocabulary and merges (gpt2-type BPE), "
+                   "with BOS/EOS when the GGUF's add_bos_token/add_eos_token say so")
+    p.add_argument("-b", "--backend", default="reference")
+    p.add_argument("--pooling", choices=["mean", "cls", "last"],
+                   help="default: the GGUF's pooling_type, else mean")
+    p.add_argument("--normalize", action="store_true", help="divide by the L2 norm")
+    p.add_argument("--json", action="store_true",
+                   help='print {"model", "backend", "tokens", "pooling", "normalize", "embedding"}')
+    p.set_defaults(fn=cmd_embed)
+
     p = sub.add_parser("convert-tokenizer", add_help=False,
                        help="tokenizer.json -> .mlt (tools/convert_tokenizer.py; --help for its options)")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -404,8 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
     p.add_argument("what", nargs="?", default="all",
-                   choices=["all", "quant", "forward", "tokenizer", "native"],
-                   help="native: the C runtime's kernels, matvecs and model speed (writes REPORT/bench.md)")
+                   choices=["all", "quant", "forward", "tokenizer", "native", "bitnet"],
+                   help="native: the C runtime's kernels, matvecs and model speed (writes REPORT/bench.md); "
+                   "bitnet: I2_S matvec against native Q8_0/Q4_0 and embeddings/s of a Qwen3-0.6B-shaped "
+                   "model (writes REPORT/bench-bitnet.md)")
     p.add_argument("--report", default="reports", help="folder of bench.md (default: %(default)s)")
     p.add_argument("--rows", type=int, default=4096, help="quantizer matrix rows")
     p.add_argument("--cols", type=int, default=4096, help="quantizer matrix columns")

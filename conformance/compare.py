@@ -34,13 +34,37 @@ def distances(got: np.ndarray, want: np.ndarray) -> dict:
     return out
 
 
+def embedding_distances(got: np.ndarray, want: np.ndarray) -> dict:
+    """distances() of two embeddings plus their cosine similarity, the first differing element and
+    the element of the largest error."""
+    out = distances(got, want)
+    g = np.asarray(got, np.float64).reshape(-1)
+    w = np.asarray(want, np.float64).reshape(-1)
+    norms = float(np.linalg.norm(g) * np.linalg.norm(w))
+    out["cosine"] = float(g @ w / norms) if norms > 0 else float(np.array_equal(g, w))
+    diff = np.flatnonzero(np.asarray(got, np.float32).reshape(-1) != np.asarray(want, np.float32).reshape(-1))
+    out["first_differ"] = int(diff[0]) if diff.size else -1
+    out["worst"] = int(np.argmax(np.abs(g - w))) if g.size else 0
+    return out
+
+
+def tolerance(kind: str) -> dict:
+    """The entry ``kind`` of specs/tolerances.yaml; KeyError naming it when it is missing."""
+    tol = specs.load("tolerances").get(kind)
+    if not isinstance(tol, dict):
+        raise KeyError(f"tolerance {kind!r} is not defined in specs/tolerances.yaml")
+    return tol
+
+
 def within(kind: str, d: dict) -> tuple[bool, str]:
     """Whether distances ``d`` pass tolerance ``kind``; the text names each metric over its bound."""
-    tol = specs.load("tolerances")[kind]
+    tol = tolerance(kind)
     over = []
-    for metric in ("nmse", "max_abs"):
+    for metric in ("nmse", "max_abs", "max_ulp"):
         if metric in tol and not d[metric] <= tol[metric]:
             over.append(f"{metric} {d[metric]:.3g} > {tol[metric]:.3g}")
     if "argmax" in tol and not d.get("argmax", 1.0) >= tol["argmax"]:
         over.append(f"argmax agreement {d['argmax']:.3f} < {tol['argmax']}")
+    if "cosine" in tol and not d.get("cosine", 1.0) >= tol["cosine"]:
+        over.append(f"cosine {d['cosine']:.9g} < {tol['cosine']}")
     return not over, "; ".join(over)

@@ -57,3 +57,80 @@ def test_encode_expected_layouts():
 def test_unknown_area():
     with pytest.raises(ValueError):
         cases.collect(["tokenizer-x"])
+
+
+# ---------------------------------------------------------------- the bitnet area
+def _bitnet_kind(kind: str) -> list:
+    return [c for c in cases.collect(["bitnet"]) if c.id.split("/")[1] == kind]
+
+
+def test_bitnet_i2s_case_counts():
+    edge = specs.load("i2s")["edge_cases"]
+    n_op = {op: sum(e["op"] == op for e in edge) for op in ("ternarize", "activations", "bitlinear")}
+    pack, act, matmul = _bitnet_kind("i2s_pack"), _bitnet_kind("i2s_act"), _bitnet_kind("i2s_matmul")
+    n_random = len(cases.I2S_RANDOM)
+    assert (cases.BITNET_DIR / "i2s_edge.npz").exists()
+    with np.load(cases.BITNET_DIR / "i2s_edge.npz") as g:
+        n_golden = sum(k.startswith("w_") for k in g.files)
+    assert n_golden and len([c for c in pack if "/golden/" in c.id]) == n_golden
+    assert len(pack) == n_op["ternarize"] + n_golden + len(cases.I2S_REFUSED) + n_random
+    assert len(act) == n_op["activations"] + 1 + n_random
+    assert len(matmul) == n_op["bitlinear"] + 2 + n_random
+    refused = {c.id.rsplit("/", 1)[1] for c in pack if c.compare == "refused"}
+    assert refused == {"cols_64", "cols_130", "nan_weight"}
+    assert {c.id for c in matmul if c.compare == "refused"} >= {"bitnet/i2s_matmul/refused/code3"}
+    for c in pack + act + matmul:
+        assert c.capability == "i2s" and c.compare in ("bit-exact", "refused")
+        assert (c.params.get("expected_from") == "reference") == c.id.endswith("/vs_reference")
+        assert (c.expected is None) == (c.compare == "refused" or c.id.endswith("/vs_reference"))
+
+
+def test_bitnet_embed_case_counts():
+    names = cases.bitnet_goldens()
+    assert names, "golden/bitnet has no NAME.gguf + NAME.npz"
+    embed = _bitnet_kind("embed")
+    ids = [c.id for c in embed]
+    assert len(ids) == len(set(ids))
+    per = 3 * len(cases.EMBED_POOLINGS) * 2          # sequences x poolings x normalize
+    for name in names:
+        mine = [c for c in embed if c.id.startswith(f"bitnet/embed/{name}/")]
+        oracle = [c for c in mine if not c.id.endswith("/vs_reference")]
+        assert len(oracle) == per and all(c.params["tolerance"] == "embeddings_vs_oracle" for c in oracle)
+        vs = [c for c in mine if c.id.endswith("/vs_reference")]
+        assert len(vs) == per and all(c.params["tolerance"] == "embeddings_runtime_vs_reference" and
+                                      c.params["expected_from"] == "reference" for c in vs)
+        refused = {c.id.rsplit("/", 1)[1] for c in embed if c.id.startswith(f"bitnet/embed/refused/{name}/")
+                   and c.params["op"] == "open"}
+        tensors = cases.gguf_tensors(cases.BITNET_DIR / f"{name}.gguf")
+        has_i2s = any(t["type"] == cases.GGUF_I2_S for t in tensors)
+        assert refused == set(cases.GGUF_DAMAGE) - (set() if has_i2s else {"code3"})
+        for c in oracle:
+            assert c.expected.dtype == np.float32 and c.expected.ndim == 1
+    bad_calls = [c for c in embed if c.params.get("op") == "embed_call"]
+    assert len(bad_calls) == len(cases.EMBED_BAD_CALLS)
+    assert len(embed) == len(names) * 2 * per + sum(
+        1 for c in embed if c.params.get("op") == "open") + len(bad_calls)
+
+
+def test_bitnet_spec_payloads_are_consistent():
+    """The spec's packed bytes and tail agree with its d and with the layout rule (pack_codes)."""
+    for c in _bitnet_kind("i2s_pack"):
+        if c.compare != "bit-exact" or "d" not in c.params:
+            continue
+        tail = c.expected[-32:]
+        assert tail[:4] == np.float32(c.params["d"]).tobytes() and tail[4:] == bytes(28), c.id
+    # element_positions: zeros (code 1) but element 33 (+1, code 2) and 96 (-1, code 0)
+    codes = np.ones(128, dtype=np.uint8)
+    codes[33], codes[96] = 2, 0
+    assert cases.pack_codes(codes)[:2].tobytes() == bytes([0x54, 0x65])
+    assert len(cases.i2s_payload_bytes(cases.pack_codes(codes), 2.0)) == 64
+
+
+def test_gguf_tensors_reads_the_goldens():
+    for name in cases.bitnet_goldens():
+        path = cases.BITNET_DIR / f"{name}.gguf"
+        infos = cases.gguf_tensors(path)
+        size = path.stat().st_size
+        assert any(t["name"] == "token_embd.weight" for t in infos)
+        for t in infos:
+            assert t["nbytes"] is not None and t["offset"] + t["nbytes"] <= size, t

@@ -230,3 +230,85 @@ def test_convert_bitnet_command(tmp_path):
     r = mlconf("convert-bitnet", tmp_path / "missing", tmp_path / "x.gguf", "--outtype", "f32")
     assert r.returncode == 1 and not (tmp_path / "x.gguf").exists()
     no_traceback(r)
+
+
+# ---------------------------------------------------------------- mlconf embed (BitNet GGUF goldens)
+def _bitnet_golden(name):
+    from mlconf.golden import GOLDEN_DIR
+    return GOLDEN_DIR / "bitnet" / f"{name}.gguf", np.load(GOLDEN_DIR / "bitnet" / f"{name}.npz")
+
+
+def test_embed_tokens_prints_the_reference_embedding_exactly():
+    pytest.importorskip("gguf")
+    from mlconf.backends.reference import bitnet
+    path, g = _bitnet_golden("qwen3_i2s")
+    toks = g["tokens_1"]
+    r = mlconf("embed", path, "--tokens", ",".join(map(str, toks)))
+    assert r.returncode == 0, r.stderr
+    got = np.array(r.stdout.split(), dtype=np.float32)
+    want = bitnet.embed(bitnet.load_gguf(path), toks)   # the GGUF's pooling (last)
+    assert got.tobytes() == want.tobytes()          # the text reads back to the same float32 bits
+    np.testing.assert_allclose(got, g["last_1"], rtol=0, atol=1e-5)
+
+
+def test_embed_json_pooling_normalize():
+    pytest.importorskip("gguf")
+    path, g = _bitnet_golden("gemma3_i2s")
+    toks = [int(t) for t in g["tokens_2"]]
+    r = mlconf("embed", path, "--tokens", ",".join(map(str, toks)), "--pooling", "cls", "--normalize",
+               "--json", "-b", "reference")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"model", "backend", "tokens", "pooling", "normalize", "embedding"}
+    assert doc["backend"] == "reference" and doc["tokens"] == toks and doc["pooling"] == "cls"
+    assert doc["normalize"] is True and doc["model"] == str(path)
+    vec = np.array(doc["embedding"], dtype=np.float32)
+    assert vec.shape == g["cls_norm_2"].shape and abs(np.linalg.norm(vec) - 1) < 1e-5
+    np.testing.assert_allclose(vec, g["cls_norm_2"], rtol=0, atol=1e-5)
+
+
+def test_embed_text_uses_the_gguf_tokenizer_and_appends_eos():
+    """qwen3 GGUFs say add_eos_token (decision cli.embed_text): the ids are HF tokenizers' ids of the
+    checkpoint's own tokenizer.json, then <|endoftext|>."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    from mlconf.tools import bitnet_models, golden_bitnet
+    path, _ = _bitnet_golden("qwen3_i2s")
+    hf = bitnet_models.tokenizer("qwen3", seed=golden_bitnet.SEED)
+    eos = hf.token_to_id("<|endoftext|>")
+    for text in ("hello world", "the quick brown fox jumps over the lazy dog"):
+        r = mlconf("embed", path, "--text", text, "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["tokens"] == hf.encode(text).ids + [eos] and doc["pooling"] is None, text
+    ids = json.loads(r.stdout)["tokens"]
+    same = mlconf("embed", path, "--tokens", ",".join(map(str, ids)), "--json")
+    assert json.loads(same.stdout)["embedding"] == json.loads(r.stdout)["embedding"]
+
+
+def test_embed_errors_are_one_line(tmp_path):
+    pytest.importorskip("gguf")
+    path, _ = _bitnet_golden("qwen3_i2s")
+    gemma, _ = _bitnet_golden("gemma3_i2s")
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF" + bytes(20))
+    (tmp_path / "text.gguf").write_text("not a model")
+    for args, needle in (
+            ([tmp_path / "absent.gguf", "--tokens", "1"], "absent.gguf"),
+            ([tmp_path / "bad.gguf", "--tokens", "1"], "bad.gguf"),
+            ([tmp_path / "text.gguf", "--tokens", "1"], "text.gguf"),
+            ([tmp_path / "text.gguf", "--text", "hi"], "text.gguf"),
+            ([path, "--tokens", "5,256"], "256"),
+            ([path, "--tokens", "5,-1"], "-1"),
+            ([path, "--tokens", "1,x"], "--tokens"),
+            ([path, "--tokens", ","], "no token"),
+            ([gemma, "--text", "hello"], "tokenizer.ggml.pre"),
+            ([path, "--tokens", "1", "-b", "no-such-backend"], "no-such-backend")):
+        r = mlconf("embed", *args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("mlconf: error:") and needle in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        no_traceback(r)
+    r = mlconf("embed", path, "--tokens", "1", "--pooling", "max")
+    assert r.returncode == 1 and "--pooling" in r.stderr
+    r = mlconf("embed", path)
+    assert r.returncode == 1 and "--tokens" in r.stderr

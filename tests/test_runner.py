@@ -1,5 +1,7 @@
 """The runner's outcomes and the detail of a failure, with deliberately wrong backends."""
 
+import dataclasses
+
 import numpy as np
 
 from mlconf import cases, runner
@@ -76,3 +78,50 @@ def test_forward_tolerance_failure_reports_distances():
 
     r = runner.run(one("forward", "llama/prefill"), [Noisy()])[0]
     assert r.outcome == "fail" and "nmse" in r.detail and r.metrics["max_abs"] >= 0.49
+
+
+def test_bitnet_embed_failures_say_what_differs():
+    """A backend whose embeddings are off fails the toleranced cases with the metrics and the worst
+    element; one that accepts damaged GGUFs and bad calls fails the refused cases."""
+    class Lax(ReferenceBackend):
+        name = "lax"
+
+        def open_embedder(self, path):
+            try:
+                e = super().open_embedder(path)
+            except Exception:
+                e = super().open_embedder(str(cases.BITNET_DIR / f"{cases.bitnet_goldens()[0]}.gguf"))
+            real = e.embed
+
+            def embed(tokens, pooling=None, normalize=False):
+                t = np.asarray(tokens)
+                bad_pooling = pooling not in (None, "mean", "cls", "last")
+                if t.size == 0 or bad_pooling or t.min() < 0 or t.max() >= e.vocab:
+                    return np.zeros(e.dim, np.float32)
+                v = real(tokens, pooling, normalize).copy()
+                v[3] += np.float32(0.5)
+                return v
+
+            e.embed = embed
+            return e
+
+    name = cases.bitnet_goldens()[0]
+    sel = cases.collect(["bitnet"], f"embed/{name}/0/mean or embed/refused/{name}")
+    by = {r.case: r for r in runner.run(sel, [Lax()])}
+    r = by[f"bitnet/embed/{name}/0/mean"]
+    assert r.outcome == "fail" and "nmse" in r.detail and "largest error at element 3" in r.detail, r.detail
+    assert r.metrics["worst"] == 3 and r.metrics["first_differ"] <= 3
+    refused = [r for c, r in by.items() if "/refused/" in c]
+    assert len(refused) >= 6 and all(r.outcome == "fail" and r.got == "accepted" for r in refused), refused
+
+
+def test_missing_tolerance_is_an_error_naming_it():
+    name = cases.bitnet_goldens()[0]
+    case = cases.collect(["bitnet"], f"embed/{name}/0/cls_norm")[0]
+    bogus = dataclasses.replace(case, params={**case.params, "tolerance": "no_such_tolerance"})
+    work = runner.Workdir()
+    try:
+        r = runner.run_case(bogus, ReferenceBackend(), work)
+    finally:
+        work.close()
+    assert r.outcome == "error" and "'no_such_tolerance' is not defined in specs/tolerances.yaml" in r.detail

@@ -10,6 +10,8 @@ come from the symbols the library exports (abi.CAPABILITY_SYMBOLS). Names:
                   (neon and neon-dotprod on a host that is not aarch64: the aarch64 build under
                   qemu-user, qemu.py)
   lib:PATH        any library (mlconf.backends.external)
+The bitnet backend (mlconf.backends.bitnet) is this class on libmlbitnet.so, which exports the
+I2_S and embeddings groups only (capabilities "i2s" and "embed").
 Nothing here imports the reference backend: the cross-check stays independent.
 """
 
@@ -179,6 +181,110 @@ class LibraryBackend:
             raise BackendError(f"{path}: ml_tok_load returned ML_OK and no tokenizer")
         return TokenizerSession(self, h, str(path))
 
+    # -- I2_S (specs/i2s.yaml): ML_E_ARG / ML_E_FORMAT become ValueError naming the problem
+    def _i2s_status(self, fn: str, st: int, problem) -> None:
+        if st == abi.ML_OK:
+            return
+        if st in (abi.ML_E_ARG, ML_E_FORMAT):
+            raise ValueError(f"{fn} refused the input ({abi.status_name(st)}): {problem()}")
+        if st == abi.ML_E_UNSUPPORTED:
+            raise Unsupported(f"{fn} returned ML_E_UNSUPPORTED")
+        raise BackendError(f"{fn} returned {abi.status_name(st)}")
+
+    def i2s_quantize(self, w: np.ndarray) -> bytes:
+        self._need("i2s")
+        w = np.asarray(w)
+        if w.dtype not in (np.float32, np.float16):
+            raise ValueError(f"weights must be float32 or float16, got {w.dtype}")
+        w2 = _rows(w, "weights")
+        rows, cols = w2.shape
+        st, payload = self._call(f"i2s_quantize({w.dtype}{list(w.shape)})", "i2s_quantize",
+                                 w2.astype(np.float32), rows, cols)
+        self._i2s_status("ml_i2s_quantize", st, lambda: _i2s_problem(w2))
+        return payload
+
+    def i2s_quantize_act(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self._need("i2s")
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            raise ValueError(f"activations must be float32 (the ABI takes float), got {x.dtype}")
+        x2 = _rows(x, "activations")
+        rows, cols = x2.shape
+        st, q, scale, total = self._call(f"i2s_quantize_act(float32{list(x.shape)})", "i2s_quantize_act",
+                                         x2, rows, cols)
+        self._i2s_status("ml_i2s_quantize_act", st, lambda: _i2s_problem(x2))
+        return q.reshape(x.shape), scale.reshape(x.shape[:-1]), total.reshape(x.shape[:-1])
+
+    def i2s_matmul(self, payload: bytes, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:
+        self._need("i2s")
+        rows, cols = (int(v) for v in shape)
+        data = np.frombuffer(bytes(payload), dtype=np.uint8)
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            raise ValueError(f"activations must be float32 (the ABI takes float), got {x.dtype}")
+        x2 = _rows(x, "activations")
+        if rows < 0 or cols < 0:
+            raise ValueError(f"shape {(rows, cols)}: negative dimension")
+        if x2.shape[1] != cols:
+            raise ValueError(f"activation width {x2.shape[1]} != weight cols {cols}")
+        if cols % I2S_BLOCK == 0 and data.size != rows * cols // 4 + I2S_TAIL:
+            # the ABI has no payload length: the harness checks it (specs/i2s.yaml layout.reading)
+            raise ValueError(f"payload is {data.size} bytes, shape {(rows, cols)} needs "
+                             f"{rows * cols // 4 + I2S_TAIL}")
+        st, y = self._call(f"i2s_matmul(payload[{data.size}], {(rows, cols)}, float32{list(x.shape)})",
+                           "i2s_matmul", data, rows, cols, x2, x2.shape[0])
+        self._i2s_status("ml_i2s_matmul", st, lambda: _i2s_problem(x2, data, rows, cols))
+        return y.reshape(*x.shape[:-1], rows)
+
+    # -- BitNet GGUF embeddings
+    def open_embedder(self, path: str) -> EmbedderSession:
+        self._need("embed")
+        st, h, reason, dim, vocab = self._call(f"open_embedder({str(path)!r})", "embed_load", str(path),
+                                               _int32(self.threads, "threads"))
+        if st == abi.ML_E_UNSUPPORTED:
+            raise Unsupported(reason or "ml_embed_load returned ML_E_UNSUPPORTED")
+        if st != abi.ML_OK:   # the reason names the file (mlrt.h); name it here if it does not
+            where = "" if str(path) in reason else f"{path}: "
+            raise InputError(f"{where}ml_embed_load returned {abi.status_name(st)}: {reason}")
+        if h is None:
+            raise BackendError(f"{path}: ml_embed_load returned ML_OK and no embedder")
+        return EmbedderSession(self, h, dim, vocab, str(path))
+
+
+I2S_BLOCK, I2S_TAIL = 128, 32                 # specs/i2s.yaml block, tail_bytes
+ML_E_FORMAT = 2
+POOLING_CODES = {None: -1, "mean": 1, "cls": 2, "last": 3}   # ML_POOL_MODEL, ML_POOL_MEAN, ...
+
+
+def _rows(a: np.ndarray, what: str) -> np.ndarray:
+    """A 1-D or 2-D array as C-contiguous (rows, cols); the ABI's size rules are the library's."""
+    if a.ndim not in (1, 2):
+        raise ValueError(f"{what} must be 1-D or 2-D, got shape {a.shape}")
+    return np.ascontiguousarray(a.reshape(1, -1) if a.ndim == 1 else a)
+
+
+def _i2s_problem(x: np.ndarray, payload: np.ndarray | None = None, rows: int = 0, cols: int = 0) -> str:
+    """What an I2_S function of the ABI must refuse in this input (the ABI returns only a status)."""
+    r, c = x.shape
+    if r == 0 or (payload is not None and rows == 0):
+        return f"no rows ({(rows, cols) if payload is not None else x.shape})"
+    if c == 0 or c % I2S_BLOCK:
+        return f"row length {c} is not a positive multiple of {I2S_BLOCK}"
+    flat = x.reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat))
+    if bad.size:
+        i = int(bad[0])
+        return f"non-finite value {flat[i]} at row {i // c}, column {i % c}"
+    if payload is not None:
+        b = payload[: rows * cols // 4].reshape(-1, 32)
+        codes = np.stack([(b >> s) & 3 for s in (6, 4, 2, 0)], axis=1).reshape(-1)   # element order
+        three = np.flatnonzero(codes == 3)
+        if three.size:
+            k = int(three[0])
+            return (f"code 3 at element {k} (row {k // cols}, column {k % cols}; packed byte "
+                    f"{(k // 128) * 32 + k % 32})")
+    return "no rule of specs/i2s.yaml refuses this input"
+
 
 def _q8_problem(x: np.ndarray, f16: bool) -> str:
     """What in the input the quantizer must refuse (the ABI returns a status, not a reason)."""
@@ -278,18 +384,92 @@ class TokenizerSession(_Handle):
         self._free("tok_free")
 
 
+class EmbedderSession(_Handle):
+    def __init__(self, backend: LibraryBackend, handle: int, dim: int, vocab: int, path: str):
+        super().__init__(backend, handle, path)
+        self.dim, self.vocab = dim, vocab
+
+    def embed(self, tokens: np.ndarray, pooling: str | None = None, normalize: bool = False) -> np.ndarray:
+        self._live()
+        t = np.asarray(tokens)
+        if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
+            raise InputError(f"tokens must be a 1-D integer array, got {t.dtype}{list(t.shape)}")
+        if t.size and (t.min() < INT32[0] or t.max() > INT32[1]):
+            raise InputError("a token id does not fit the ABI's int32_t")
+        if t.size > INT32[1]:
+            raise InputError(f"{t.size} tokens do not fit the ABI's int32_t count")
+        if pooling not in POOLING_CODES:
+            raise InputError(f"pooling {pooling!r} is not one of {tuple(POOLING_CODES)}")
+        st, out = self.backend._call(f"embed({self.path!r}, tokens[{t.size}], {pooling}, normalize="
+                                     f"{bool(normalize)})", "embed", self.handle, t.astype(np.int32),
+                                     POOLING_CODES[pooling], int(bool(normalize)))
+        if st == abi.ML_E_ARG:
+            bad = np.flatnonzero((t < 0) | (t >= self.vocab))
+            if t.size == 0:
+                why = "no tokens"
+            elif bad.size:
+                why = f"token {int(t[bad[0]])} at index {int(bad[0])} is outside [0, {self.vocab})"
+            else:
+                why = f"no rule refuses {t.size} tokens in [0, {self.vocab}) with pooling {pooling!r}"
+            raise InputError(f"ml_embed refused the call (ML_E_ARG): {why}")
+        if st != abi.ML_OK:
+            raise BackendError(f"ml_embed returned {abi.status_name(st)}")
+        return out
+
+    def close(self) -> None:
+        self._free("embed_free")
+
+
 # ---------------------------------------------------------------- the names native, native:ISA
-_SPARE: dict[str, LibraryBackend] = {}   # the backend native_available() started, for the next get
+_SPARE: dict[str, LibraryBackend] = {}   # the backend library_available() started, for the next get
+
+
+def _native_sources() -> list[Path]:
+    return [*HERE.glob("src/*.[ch]"), *HERE.glob("include/*.h")]
+
+
+def stale_sources(library: Path, sources: list[Path]) -> list[str]:
+    """Names of ``sources`` newer than ``library`` (a developer edited C and did not rebuild).
+    Source trees only: an installed package's file times say nothing about the build."""
+    if not library.exists() or not (HERE.parents[1] / "pyproject.toml").exists():
+        return []
+    built = library.stat().st_mtime
+    return [p.name for p in sources if p.exists() and p.stat().st_mtime > built]
 
 
 def _stale_sources() -> list[str]:
-    """C sources newer than the library (a developer edited C and did not rebuild). Source trees
-    only: an installed package's file times say nothing about the build."""
-    if not LIBRARY.exists() or not (HERE.parents[1] / "pyproject.toml").exists():
-        return []
-    built = LIBRARY.stat().st_mtime
-    sources = [*HERE.glob("src/*.[ch]"), *HERE.glob("include/*.h")]
-    return [p.name for p in sources if p.stat().st_mtime > built]
+    return stale_sources(LIBRARY, _native_sources())
+
+
+def open_library(name: str, library: Path, isa: str | None, sources: list[Path], what: str,
+                 build_hint: str) -> LibraryBackend:
+    """A LibraryBackend on a library of this source tree: BackendError if it is not built, a
+    warning if a source is newer than it. ``what`` names it in messages ("the native library")."""
+    spare = _SPARE.pop(name, None)
+    if spare is not None:
+        return spare
+    if not library.exists():
+        raise BackendError(f"{name}: {what} {library} is not built; {build_hint}")
+    stale = stale_sources(library, sources)
+    if stale:
+        warnings.warn(f"{library} is older than {', '.join(sorted(stale))}: rebuild it with "
+                      "`python backends/native/build.py --all` (or reinstall)", stacklevel=3)
+    return LibraryBackend(name, library, isa=isa)
+
+
+def library_available(name: str, library: Path, factory) -> bool:
+    """Whether backend ``name`` (``factory(name)``) is built and loads; the backend started to find
+    out is kept for the next ``factory(name)`` (open_library hands it out)."""
+    if name in _SPARE:
+        return True
+    if not library.exists():
+        return False
+    try:
+        _SPARE[name] = factory(name)
+    except BackendError as e:
+        warnings.warn(f"the {name} backend is left out: {e}", stacklevel=3)
+        return False
+    return True
 
 
 def native_backend(name: str) -> LibraryBackend:
@@ -297,35 +477,21 @@ def native_backend(name: str) -> LibraryBackend:
     isa = name.split(":", 1)[1] if ":" in name else None
     if isa is not None and isa not in ISAS:
         raise BackendError(f"unknown ISA {isa!r} in {name!r}; known: {', '.join(ISAS)}")
-    spare = _SPARE.pop(name, None)
-    if spare is not None:
-        return spare
+    if name in _SPARE:
+        return _SPARE.pop(name)
     if isa in ("neon", "neon-dotprod") and platform.machine() not in ("aarch64", "arm64"):
         from . import qemu
         return LibraryBackend(name, " ".join(qemu.command()), isa=isa, worker_class=qemu.QemuWorker)
-    if not LIBRARY.exists():
-        raise BackendError(f"{name}: the native library {LIBRARY} is not built; `pip install .` builds it, "
-                           "and in a source tree `python backends/native/build.py` rebuilds it")
-    stale = _stale_sources()
-    if stale:
-        warnings.warn(f"{LIBRARY} is older than {', '.join(sorted(stale))}: rebuild it with "
-                      "`python backends/native/build.py` (or reinstall)", stacklevel=2)
-    return LibraryBackend(name, LIBRARY, isa=isa)
+    return open_library(name, LIBRARY, isa, _native_sources(), "the native library",
+                        "`pip install .` builds it, and in a source tree `python backends/native/build.py` "
+                        "rebuilds it")
 
 
 def native_available() -> bool:
     """Whether ``native`` is built and loads (``mlconf run`` then uses it by default)."""
-    if "native" in _SPARE:
-        return True
-    if not LIBRARY.exists():
-        return False
-    try:
-        _SPARE["native"] = native_backend("native")
-    except BackendError as e:
-        warnings.warn(f"the native backend is left out: {e}", stacklevel=2)
-        return False
-    return True
+    return library_available("native", LIBRARY, native_backend)
 
 
-__all__ = ["LIBRARY", "ISAS", "LibraryBackend", "ModelSession", "TokenizerSession", "native_backend",
-           "native_available", "default_timeout"]
+__all__ = ["LIBRARY", "ISAS", "LibraryBackend", "ModelSession", "TokenizerSession", "EmbedderSession",
+           "native_backend", "native_available", "default_timeout", "stale_sources", "open_library",
+           "library_available"]

@@ -55,7 +55,8 @@ int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *re
 void ml_embed_free(ml_embedder *e);
 int32_t ml_embed_dim(const ml_embedder *e);
 int32_t ml_embed_vocab(const ml_embedder *e);
-int ml_embed(ml_embedder *e, const int32_t *tokens, int32_t n, int32_t pooling, int32_t normalize, float *out);
+int ml_embed(ml_embedder *e, const int32_t *tokens, int32_t n, int32_t pooling, int32_t normalize,
+             float *out);
 """
 
 FUNCTIONS = (

@@ -165,6 +165,61 @@ class _Server:
                                        ffi.from_buffer(d, require_writable=True))
         return st, q, d
 
+    # -- I2_S (arrays arrive C-contiguous (rows, cols) from the harness side)
+    def i2s_quantize(self, w, rows: int, cols: int) -> tuple[int, bytes]:
+        np, ffi = self.np, self.ffi
+        w = np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
+        n = rows * cols // 4 + 32
+        out = np.zeros(n + 64, dtype=np.uint8)   # slack: a library that writes past a refused size
+        st = self.lib.ml_i2s_quantize(ffi.from_buffer("float[]", w), rows, cols,
+                                      ffi.from_buffer("uint8_t[]", out, require_writable=True))
+        return st, out[:n].tobytes()
+
+    def i2s_quantize_act(self, x, rows: int, cols: int) -> tuple[int, Any, Any, Any]:
+        np, ffi = self.np, self.ffi
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        q = np.zeros(rows * cols, dtype=np.int8)
+        scale = np.zeros(rows, dtype=np.float32)
+        total = np.zeros(rows, dtype=np.int32)
+        st = self.lib.ml_i2s_quantize_act(ffi.from_buffer("float[]", x), rows, cols,
+                                          ffi.from_buffer("int8_t[]", q, require_writable=True),
+                                          ffi.from_buffer("float[]", scale, require_writable=True),
+                                          ffi.from_buffer("int32_t[]", total, require_writable=True))
+        return st, q, scale, total
+
+    def i2s_matmul(self, payload, rows: int, cols: int, x, n: int) -> tuple[int, Any]:
+        np, ffi = self.np, self.ffi
+        payload = np.ascontiguousarray(payload, dtype=np.uint8)
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        y = np.zeros(n * rows, dtype=np.float32)
+        st = self.lib.ml_i2s_matmul(ffi.from_buffer("uint8_t[]", payload), rows, cols,
+                                    ffi.from_buffer("float[]", x), n,
+                                    ffi.from_buffer("float[]", y, require_writable=True))
+        return st, y.reshape(n, rows)
+
+    # -- BitNet GGUF embeddings
+    def embed_load(self, path: str, threads: int) -> tuple[int, int | None, str, int, int]:
+        out = self.ffi.new("ml_embedder **")
+        reason = self._reason()
+        st = self.lib.ml_embed_load(os.fsencode(path), threads, out, reason, self.abi.REASON_LEN)
+        if st != self.abi.ML_OK or out[0] == self.ffi.NULL:
+            return st, None, self._text(reason), 0, 0
+        e = out[0]
+        return st, self._keep(e), self._text(reason), self.lib.ml_embed_dim(e), self.lib.ml_embed_vocab(e)
+
+    def embed(self, h: int, tokens, pooling: int, normalize: int) -> tuple[int, Any]:
+        np, ffi, e = self.np, self.ffi, self.objects[h]
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        out = np.zeros(self.lib.ml_embed_dim(e), dtype=np.float32)
+        st = self.lib.ml_embed(e, ffi.from_buffer("int32_t[]", tokens), len(tokens), pooling, normalize,
+                               ffi.from_buffer("float[]", out, require_writable=True))
+        return st, out
+
+    def embed_free(self, h: int) -> None:
+        e = self.objects.pop(h, None)
+        if e is not None:
+            self.lib.ml_embed_free(e)
+
     # -- tokenizers
     def tok_load(self, path: str, model_vocab: int) -> tuple[int, int | None, str]:
         out = self.ffi.new("ml_tokenizer **")

@@ -113,10 +113,20 @@ def load_gguf(path) -> BitnetModel:
             cols, rows = int(t.shape[0]), int(t.shape[1])
             n = rows * cols // 4 + i2s.TAIL
             data = bytes(r.data[t.data_offset:t.data_offset + n])
-            w = i2s.dequantize(data, (rows, cols))
+            try:
+                d = i2s.split_payload(data, (rows, cols))[1]
+                w = i2s.dequantize(data, (rows, cols))
+            except i2s.I2SError as e:
+                raise BitnetError(f"{path}: tensor {name}: {e}") from None
+            if not math.isfinite(d):
+                raise BitnetError(f"{path}: tensor {name}: I2_S scale {d!r} is not finite")
             m.linears[name.removesuffix(".weight")] = Linear((rows, cols), w, data)
         elif t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
             a = np.array(t.data, dtype=F32)
+            bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
+            if bad.size:
+                raise BitnetError(f"{path}: tensor {name}: non-finite value {a.reshape(-1)[bad[0]]} at "
+                                  f"flat index {int(bad[0])}")
             base = name.removesuffix(".weight")
             if a.ndim == 2 and base.split(".")[-1] in PROJ:
                 m.linears[base] = Linear((a.shape[0], a.shape[1]), a)

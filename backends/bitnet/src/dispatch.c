@@ -10,7 +10,6 @@
 #include "bitnet.h"
 
 static int runnable(const i2s_kernel_table *t) {
-    if (t->dot == NULL) return 0; /* TEMPORARY: placeholder tables until the SIMD kernels land */
 #if defined(__x86_64__)
     if (t == &i2s_kernels_avx2) {
         __builtin_cpu_init();

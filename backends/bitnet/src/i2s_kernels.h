@@ -4,7 +4,12 @@
  * int8 activations, their scales and sums, and the integer dots are identical on every ISA. The
  * dots are exact integer sums, so their order does not matter. The table is chosen once from the
  * CPU's features (i2s_kernels()) or forced with ml_set_isa (dispatch.c); it is the library's only
- * global state.
+ * global state. NEON is tested under qemu-aarch64 through backends/bitnet/tests/i2s_main.c.
+ *
+ * Which dot to call: one token against many weight rows (decode, matvec) is fastest with
+ * dot_rows4 (four consecutive rows per call; the payload's rows are consecutive); four or more
+ * tokens (prefill) with dot4 (the weight block is unpacked once for four tokens); dot for the
+ * leftovers.
  *
  * Packed rows (spec `layout`): a row of n values (n % 128 == 0) is n / 4 bytes; byte j of block b
  * holds the 2-bit codes (q + 1) of elements 128b + j, +32, +64, +96 at bits 7..6, 5..4, 3..2, 1..0.
@@ -28,6 +33,10 @@ typedef struct {
     int32_t (*dot)(int n, const uint8_t *w, const int8_t *x);
     /* One packed row against four activation rows: out[t] = dot(n, w, x[t]). */
     void (*dot4)(int n, const uint8_t *w, const int8_t *const x[4], int32_t out[4]);
+    /* Four consecutive packed rows (row t at w + t * (n / 4), as in a payload) against one
+     * activation row: out[t] = dot(n, w + t * (n / 4), x). The matvec path: each activation
+     * block is loaded once for the four rows. */
+    void (*dot_rows4)(int n, const uint8_t *w, const int8_t *x, int32_t out[4]);
 } i2s_kernel_table;
 
 const i2s_kernel_table *i2s_kernels(void);                /* the table in use */

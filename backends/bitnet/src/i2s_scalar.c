@@ -49,4 +49,14 @@ static void dot4(int n, const uint8_t *w, const int8_t *const x[4], int32_t out[
     for (int t = 0; t < 4; t++) out[t] = dot(n, w, x[t]);
 }
 
-const i2s_kernel_table i2s_kernels_scalar = {"scalar", quantize_act, dot, dot4};
+static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) {
+    for (int t = 0; t < 4; t++) out[t] = dot(n, w + (size_t)t * (size_t)(n / 4), x);
+}
+
+const i2s_kernel_table i2s_kernels_scalar = {
+    .name = "scalar",
+    .quantize_act = quantize_act,
+    .dot = dot,
+    .dot4 = dot4,
+    .dot_rows4 = dot_rows4,
+};

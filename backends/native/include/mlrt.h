@@ -114,7 +114,8 @@ int32_t ml_embed_dim(const ml_embedder *e);
 int32_t ml_embed_vocab(const ml_embedder *e);
 /* The pooled embedding (dim floats) of tokens[0..n): pooling one of ML_POOL_*, normalize 1 divides
  * by the L2 norm (llama-embedding --embd-normalize 2). ML_E_ARG: n < 1, a token outside [0, vocab),
- * an unknown pooling. */
+ * an unknown pooling; ML_E_FORMAT: the model's values overflow to a non-finite activation;
+ * ML_E_NOMEM. On an error `out` is left unchanged. */
 int ml_embed(ml_embedder *e, const int32_t *tokens, int32_t n, int32_t pooling, int32_t normalize, float *out);
 
 #ifdef __cplusplus

@@ -1,0 +1,796 @@
+/* embed.c: BitNet embedding models (Qwen3 / Gemma 3 bases) from GGUF, the embeddings group of
+ * mlrt.h. The reference is backends/reference/bitnet.py (its docstring lists every decision);
+ * the GGUFs are those of tools/convert_bitnet.py (seed 004). Read top to bottom:
+ *
+ *   model       hyper-parameters, per layer the norms (float, owned) and seven projections as
+ *               packed I2_S rows: in the map for I2_S tensors, ternarized at load for f32/f16 ones
+ *               with the reference's rule (specs/i2s.yaml `ternarize`), so every projection runs
+ *               through the same i2s kernels
+ *   loader      every key and tensor checked (presence, type, shape, contents) before use
+ *   small ops   rmsnorm (NumPy's pairwise sum order), RoPE tables in double, SiLU, tanh-GELU
+ *   bitlinear   RMSNorm(x, <proj>_norm_in) -> int8 activations per token -> integer dot (four
+ *               tokens per kernel call) -> the float epilogue; weight rows split over the pool
+ *   attention   causal (Gemma sliding layers: 0 <= i - j < window), GQA, heads over the pool
+ *   ml_embed    the layers, the final norm, pooling, optional L2 normalization
+ *
+ * Every output element is computed by the same operations whatever the number of threads, so
+ * threads=1 equals threads=N bit for bit. Against the reference, the float operations are the
+ * same and in the same order where cheap (norm sums pairwise as NumPy, RoPE angles in double,
+ * the i2s epilogue); what remains is the order of the attention sums (eight running sums here,
+ * NumPy's einsum has its own) and the last bit of libm's expf/tanhf against NumPy's. Those ulps
+ * now and then move an int8 activation across a rounding boundary (one step: up to ~1/127 of a
+ * projection's output scale), more often the longer the sequence: a tolerance
+ * (tests/test_bitnet_embed.py).
+ */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bitnet.h"
+#include "gguf.h"
+
+#define LIMIT_DIM 65536       /* dim, head_dim, feed_forward_length, q/kv widths */
+#define LIMIT_HEADS 4096
+#define LIMIT_LAYERS 4096
+#define LIMIT_VOCAB (1 << 24)
+#define TOKEN_CHUNK 64        /* tokens per pass over a range of weight rows (a multiple of 4) */
+
+/* ---------------------------------------------------------------- model */
+enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, N_PROJ };
+static const char *const proj_name[N_PROJ] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                              "ffn_gate", "ffn_up", "ffn_down"};
+
+typedef struct {
+    int32_t rows, cols;
+    const uint8_t *packed; /* rows * cols/4 bytes (specs/i2s.yaml `layout`): in the map or `owned` */
+    uint8_t *owned;
+    float d;               /* the stored scale */
+} proj;
+
+typedef struct {
+    float *attn_norm, *ffn_norm, *q_norm, *k_norm, *post_attn_norm, *post_ffw_norm; /* owned */
+    float *norm_in[N_PROJ];
+    proj p[N_PROJ];
+    int sliding;  /* Gemma: the layer's attention is windowed */
+    double base;  /* its RoPE base */
+} layer;
+
+struct ml_embedder {
+    gguf_file g;
+    int gemma;
+    int32_t dim, n_layers, n_heads, n_kv, hd, ff, vocab;
+    int32_t window; /* Gemma sliding window (0: none) */
+    int32_t pooling; /* ML_POOL_MEAN / CLS / LAST from the GGUF (mean when unset) */
+    float eps, attn_scale, embd_scale;
+    const uint8_t *tok; /* token_embd rows in the map */
+    int tok_f16;
+    float *output_norm;
+    layer *layers;
+    struct ml_pool *pool;
+    const i2s_kernel_table *k;
+};
+
+static void free_model(ml_embedder *e) {
+    if (!e) return;
+    if (e->layers)
+        for (int32_t l = 0; l < e->n_layers; l++) {
+            layer *L = &e->layers[l];
+            free(L->attn_norm), free(L->ffn_norm), free(L->q_norm), free(L->k_norm);
+            free(L->post_attn_norm), free(L->post_ffw_norm);
+            for (int i = 0; i < N_PROJ; i++) free(L->norm_in[i]), free(L->p[i].owned);
+        }
+    free(e->layers);
+    free(e->output_norm);
+    if (e->pool) ml_pool_free(e->pool);
+    gguf_close(&e->g);
+    free(e);
+}
+
+/* ---------------------------------------------------------------- loader */
+typedef struct {
+    const char *path;
+    char *reason;
+    size_t reason_len;
+    ml_embedder *e;
+    char arch[16];
+} loader;
+
+__attribute__((format(printf, 3, 4)))
+static int fail(const loader *L, int status, const char *fmt, ...) {
+    char what[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    ml_reason(L->reason, L->reason_len, "%s: %s", L->path, what);
+    return status;
+}
+
+static const char *type_name(uint32_t t) {
+    switch (t) {
+    case GGUF_TYPE_F32: return "F32";
+    case GGUF_TYPE_F16: return "F16";
+    case GGUF_TYPE_I2_S: return "I2_S";
+    default: return "unsupported";
+    }
+}
+
+/* An integer key "<arch>.<suffix>": ML_OK with *out; a missing key gives def (def_ok) or
+ * ML_E_FORMAT; a value outside [lo, hi] ML_E_SHAPE. */
+static int key_int(const loader *L, const char *suffix, int def_ok, int64_t def, int64_t lo, int64_t hi,
+                   int64_t *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
+    const gguf_kv *kv = gguf_find_kv(&L->e->g, key);
+    if (!kv) {
+        if (!def_ok) return fail(L, ML_E_FORMAT, "missing key %s", key);
+        *out = def;
+    } else if (!gguf_kv_int(kv, out)) {
+        return fail(L, ML_E_FORMAT, "key %s has type %s, an integer is required", key, gguf_type_name(kv->type));
+    }
+    if (*out < lo || *out > hi)
+        return fail(L, ML_E_SHAPE, "key %s = %" PRId64 " is outside [%" PRId64 ", %" PRId64 "]", key, *out, lo, hi);
+    return ML_OK;
+}
+
+/* A float key (f32/f64, or an integer): *present 0 when missing and not required. Non-finite or
+ * negative values are refused (ML_E_FORMAT). */
+static int key_float(const loader *L, const char *suffix, int required, double *out, int *present) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
+    const gguf_kv *kv = gguf_find_kv(&L->e->g, key);
+    *present = kv != NULL;
+    if (!kv) return required ? fail(L, ML_E_FORMAT, "missing key %s", key) : ML_OK;
+    int64_t i;
+    if (gguf_kv_float(kv, out)) {
+    } else if (gguf_kv_int(kv, &i)) {
+        *out = (double)i;
+    } else {
+        return fail(L, ML_E_FORMAT, "key %s has type %s, a number is required", key, gguf_type_name(kv->type));
+    }
+    if (!isfinite(*out) || *out < 0)
+        return fail(L, ML_E_FORMAT, "key %s = %g is not a finite non-negative number", key, *out);
+    return ML_OK;
+}
+
+static int hparams(loader *L) {
+    ml_embedder *e = L->e;
+    const gguf_kv *kv = gguf_find_kv(&e->g, "general.architecture");
+    gguf_str a;
+    if (!kv) return fail(L, ML_E_FORMAT, "missing key general.architecture");
+    if (!gguf_kv_string(kv, &a))
+        return fail(L, ML_E_FORMAT, "key general.architecture has type %s, a string is required",
+                    gguf_type_name(kv->type));
+    if (gguf_str_eq(a, "qwen3")) {
+        strcpy(L->arch, "qwen3");
+    } else if (gguf_str_eq(a, "gemma3")) {
+        strcpy(L->arch, "gemma3");
+        e->gemma = 1;
+    } else {
+        return fail(L, ML_E_FORMAT, "general.architecture \"%.*s\" is not supported (qwen3 or gemma3)",
+                    (int)(a.len > 64 ? 64 : a.len), a.ptr);
+    }
+    int64_t dim, nl, nh, nkv, hd, vl, ff, pool, win = 0;
+    int rc;
+    if ((rc = key_int(L, "embedding_length", 0, 0, 1, LIMIT_DIM, &dim)) ||
+        (rc = key_int(L, "block_count", 0, 0, 1, LIMIT_LAYERS, &nl)) ||
+        (rc = key_int(L, "feed_forward_length", 0, 0, 1, LIMIT_DIM, &ff)) ||
+        (rc = key_int(L, "attention.head_count", 0, 0, 1, LIMIT_HEADS, &nh)) ||
+        (rc = key_int(L, "attention.head_count_kv", 1, nh, 1, nh, &nkv)) ||
+        (rc = key_int(L, "attention.key_length", 1, dim / nh, 2, LIMIT_DIM, &hd)) ||
+        (rc = key_int(L, "attention.value_length", 1, hd, hd, hd, &vl)) ||
+        (rc = key_int(L, "pooling_type", 1, 0, INT32_MIN, INT32_MAX, &pool)))
+        return rc;
+    if (nh % nkv)
+        return fail(L, ML_E_SHAPE, "%s.attention.head_count %" PRId64 " is not a multiple of head_count_kv %" PRId64,
+                    L->arch, nh, nkv);
+    if (hd % 2) return fail(L, ML_E_SHAPE, "%s.attention.key_length %" PRId64 " is odd (rotate-half RoPE)", L->arch, hd);
+    if (nh * hd > LIMIT_DIM)
+        return fail(L, ML_E_SHAPE, "head_count x key_length = %" PRId64 " exceeds %d", nh * hd, LIMIT_DIM);
+    double eps, base, base_swa = 0, qpas = 0;
+    int has, has_swa = 0, has_qpas = 0;
+    if ((rc = key_float(L, "attention.layer_norm_rms_epsilon", 1, &eps, &has)) ||
+        (rc = key_float(L, "rope.freq_base", 0, &base, &has)))
+        return rc;
+    if (!has) base = 10000.0;
+    if (!(base > 0)) return fail(L, ML_E_FORMAT, "key %s.rope.freq_base = %g: a RoPE base must be positive", L->arch, base);
+    const gguf_kv *pat = NULL;
+    if (e->gemma) {
+        if ((rc = key_float(L, "rope.freq_base_swa", 0, &base_swa, &has_swa)) ||
+            (rc = key_float(L, "attention.query_pre_attn_scalar", 0, &qpas, &has_qpas)) ||
+            (rc = key_int(L, "attention.sliding_window", 1, 0, 0, INT32_MAX, &win)))
+            return rc;
+        char key[128];
+        snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", L->arch);
+        pat = gguf_find_kv(&e->g, key);
+        int64_t v;
+        if (pat && (pat->type != GGUF_V_ARRAY || (pat->arr_n > 0 && !gguf_kv_array_int(pat, 0, &v))))
+            return fail(L, ML_E_FORMAT, "key %s must be an array of bool", key);
+        if (pat && pat->arr_n < (uint64_t)nl)
+            return fail(L, ML_E_FORMAT, "key %s has %" PRIu64 " entries, block_count is %" PRId64, key, pat->arr_n, nl);
+    }
+    e->dim = (int32_t)dim, e->n_layers = (int32_t)nl, e->n_heads = (int32_t)nh, e->n_kv = (int32_t)nkv;
+    e->hd = (int32_t)hd, e->ff = (int32_t)ff, e->window = (int32_t)win;
+    e->eps = (float)eps;
+    e->pooling = pool == 2 ? ML_POOL_CLS : pool == 3 ? ML_POOL_LAST : ML_POOL_MEAN; /* as the reference: else mean */
+    /* as the reference: float32(1 / math.sqrt(v)), v = query_pre_attn_scalar (Gemma, when non-zero) */
+    double sv = e->gemma && has_qpas && qpas != 0 ? qpas : (double)hd;
+    e->attn_scale = (float)(1.0 / sqrt(sv));
+    e->embd_scale = (float)sqrt((double)dim);
+    e->layers = calloc((size_t)nl, sizeof *e->layers);
+    if (!e->layers) return fail(L, ML_E_NOMEM, "out of memory");
+    for (int32_t l = 0; l < e->n_layers; l++) {
+        int64_t s = 0;
+        if (pat) gguf_kv_array_int(pat, (uint64_t)l, &s);
+        e->layers[l].sliding = e->gemma && s != 0;
+        e->layers[l].base = e->layers[l].sliding && has_swa && base_swa != 0 ? base_swa : base;
+    }
+    return ML_OK;
+}
+
+/* Tensor kinds: what types and how many dimensions they may have. */
+enum { K_NORM, K_EMBED, K_PROJ };
+
+/* The tensor `name` of `kind` with ggml dims (d0) or (d0, d1): checked present (ML_E_FORMAT),
+ * of an allowed type (ML_E_FORMAT), of that shape (ML_E_SHAPE). */
+static int tensor(const loader *L, const char *name, int kind, uint64_t d0, uint64_t d1, const gguf_tensor **out) {
+    const gguf_tensor *t = gguf_find_tensor(&L->e->g, name);
+    if (!t) return fail(L, ML_E_FORMAT, "missing tensor %s", name);
+    int ok = t->type == GGUF_TYPE_F32 || t->type == GGUF_TYPE_F16 || (kind == K_PROJ && t->type == GGUF_TYPE_I2_S);
+    if (!ok)
+        return fail(L, ML_E_FORMAT, "tensor %s has type %s (%" PRIu32 "), expected %s", name, type_name(t->type),
+                    t->type, kind == K_PROJ ? "F32, F16 or I2_S" : "F32 or F16");
+    uint32_t nd = kind == K_NORM ? 1 : 2;
+    if (t->n_dims != nd || t->dims[0] != d0 || (nd == 2 && t->dims[1] != d1)) {
+        char got[96] = "", want[64];
+        size_t o = 0;
+        for (uint32_t i = 0; i < t->n_dims && o < sizeof got; i++)
+            o += (size_t)snprintf(got + o, sizeof got - o, "%s%" PRIu64, i ? ", " : "", t->dims[i]);
+        if (nd == 1)
+            snprintf(want, sizeof want, "%" PRIu64, d0);
+        else
+            snprintf(want, sizeof want, "%" PRIu64 ", %" PRIu64, d0, d1);
+        return fail(L, ML_E_SHAPE, "tensor %s has shape [%s], the hyper-parameters imply [%s] (ggml order: cols first)",
+                    name, got, want);
+    }
+    *out = t;
+    return ML_OK;
+}
+
+static int finite_bits_f32(uint32_t u) { return (u & 0x7f800000u) != 0x7f800000u; }
+static int finite_bits_f16(uint16_t h) { return (h & 0x7c00u) != 0x7c00u; }
+
+/* Index of the first non-finite element of a float tensor of n elements, or n. */
+static uint64_t first_nonfinite(const gguf_tensor *t, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if (t->type == GGUF_TYPE_F32 ? !finite_bits_f32(gguf_rd_u32(t->data + 4 * i))
+                                     : !finite_bits_f16(gguf_rd_u16(t->data + 2 * i)))
+            return i;
+    return n;
+}
+
+static float elem(const gguf_tensor *t, uint64_t i) {
+    return t->type == GGUF_TYPE_F32 ? gguf_rd_f32(t->data + 4 * i) : ml_f16_to_f32(gguf_rd_u16(t->data + 2 * i));
+}
+
+static int check_finite(const loader *L, const char *name, const gguf_tensor *t, uint64_t n) {
+    uint64_t bad = first_nonfinite(t, n);
+    if (bad < n) return fail(L, ML_E_FORMAT, "tensor %s: element %" PRIu64 " is not finite", name, bad);
+    return ML_OK;
+}
+
+/* A 1-D norm of n floats, converted to an owned float array. */
+static int norm(const loader *L, const char *name, int32_t n, float **out) {
+    const gguf_tensor *t;
+    int rc = tensor(L, name, K_NORM, (uint64_t)n, 0, &t);
+    if (rc || (rc = check_finite(L, name, t, (uint64_t)n))) return rc;
+    float *w = malloc((size_t)n * sizeof *w);
+    if (!w) return fail(L, ML_E_NOMEM, "out of memory for tensor %s", name);
+    for (int32_t i = 0; i < n; i++) w[i] = elem(t, (uint64_t)i);
+    *out = w;
+    return ML_OK;
+}
+
+/* specs/i2s.yaml `ternarize` of a float tensor (rows, cols) into packed rows and the stored scale,
+ * as the reference's i2s.payload: m = float32(sum |w| in double / n), floored at 1e-5f, s = 1 / m,
+ * q = clamp(rint(w * s), -1, 1) (half to even), d = 1 / s if any q != 0 else 0. */
+static void ternarize(const gguf_tensor *t, int32_t rows, int32_t cols, uint8_t *packed, float *d) {
+    uint64_t n = (uint64_t)rows * (uint64_t)cols;
+    double sum = 0;
+    for (uint64_t i = 0; i < n; i++) sum += fabs((double)elem(t, i));
+    float m = (float)(sum / (double)n);
+    if (!(m >= 1e-5f)) m = 1e-5f;
+    float s = 1.0f / m;
+    int any = 0;
+    for (uint64_t b = 0; b < n / I2S_BLOCK; b++) {
+        uint8_t c[I2S_BLOCK];
+        for (int j = 0; j < I2S_BLOCK; j++) {
+            float q = rintf(elem(t, b * I2S_BLOCK + (uint64_t)j) * s);
+            q = q > 1.0f ? 1.0f : q < -1.0f ? -1.0f : q;
+            any |= q != 0.0f;
+            c[j] = (uint8_t)((int)q + 1);
+        }
+        uint8_t *o = packed + b * I2S_BLOCK_BYTES;
+        for (int j = 0; j < 32; j++) o[j] = (uint8_t)(c[j] << 6 | c[j + 32] << 4 | c[j + 64] << 2 | c[j + 96]);
+    }
+    *d = any ? 1.0f / s : 0.0f;
+}
+
+/* A projection (rows, cols): I2_S mapped after its checks, f32/f16 checked and ternarized. */
+static int projection(const loader *L, const char *name, int32_t rows, int32_t cols, proj *p) {
+    const gguf_tensor *t;
+    int rc = tensor(L, name, K_PROJ, (uint64_t)cols, (uint64_t)rows, &t);
+    if (rc) return rc;
+    if (cols % I2S_BLOCK)
+        return fail(L, ML_E_SHAPE, "tensor %s: rows of %" PRId32 " values, the I2_S kernels need a multiple of %d", name,
+                    cols, I2S_BLOCK);
+    p->rows = rows, p->cols = cols;
+    size_t nbytes = (size_t)rows * (size_t)(cols / 4);
+    if (t->type == GGUF_TYPE_I2_S) {
+        /* gguf.c checked rows*cols/4 + 32 bytes inside the file: the payload is complete */
+        p->packed = t->data;
+        p->d = gguf_rd_f32(t->data + nbytes);
+        if (!isfinite(p->d)) return fail(L, ML_E_FORMAT, "tensor %s: the I2_S scale is not finite", name);
+        for (size_t i = 0; i < nbytes; i++) {
+            uint8_t v = t->data[i];
+            uint8_t three = v & (uint8_t)(v >> 1) & 0x55; /* bit 2k set: field k is code 3 */
+            if (three) {
+                int f = three & 0x40 ? 0 : three & 0x10 ? 1 : three & 0x04 ? 2 : 3; /* field 0 = bits 7..6 */
+                uint64_t el = (uint64_t)(i / 32) * I2S_BLOCK + (uint64_t)(i % 32) + 32u * (uint64_t)f;
+                return fail(L, ML_E_FORMAT, "tensor %s: code 3 at element %" PRIu64 " (I2_S codes are 0, 1, 2)", name, el);
+            }
+        }
+        return ML_OK;
+    }
+    if ((rc = check_finite(L, name, t, (uint64_t)rows * (uint64_t)cols))) return rc;
+    p->owned = malloc(nbytes);
+    if (!p->owned) return fail(L, ML_E_NOMEM, "out of memory for tensor %s", name);
+    ternarize(t, rows, cols, p->owned, &p->d);
+    p->packed = p->owned;
+    return ML_OK;
+}
+
+static int tensors(loader *L) {
+    ml_embedder *e = L->e;
+    /* every tensor of the file has a type the runtime reads, as the reference requires */
+    for (uint64_t i = 0; i < e->g.n_tensors; i++) {
+        const gguf_tensor *t = &e->g.tensors[i];
+        if (t->type != GGUF_TYPE_F32 && t->type != GGUF_TYPE_F16 && t->type != GGUF_TYPE_I2_S)
+            return fail(L, ML_E_FORMAT, "tensor %.*s has unsupported type %" PRIu32 " (F32, F16 or I2_S)",
+                        (int)(t->name.len > 200 ? 200 : t->name.len), t->name.ptr, t->type);
+    }
+    const gguf_tensor *tok;
+    const gguf_tensor *probe = gguf_find_tensor(&e->g, "token_embd.weight");
+    if (probe && probe->n_dims != 2)
+        return fail(L, ML_E_SHAPE, "tensor token_embd.weight has %" PRIu32 " dimensions, expected 2 [%" PRId32 ", vocab]",
+                    probe->n_dims, e->dim);
+    uint64_t vocab = probe ? probe->dims[1] : 0;
+    if (probe && vocab > LIMIT_VOCAB)
+        return fail(L, ML_E_SHAPE, "tensor token_embd.weight: vocab %" PRIu64 " outside [1, %d]", vocab, LIMIT_VOCAB);
+    int rc = tensor(L, "token_embd.weight", K_EMBED, (uint64_t)e->dim, vocab, &tok);
+    if (rc || (rc = check_finite(L, "token_embd.weight", tok, vocab * (uint64_t)e->dim))) return rc;
+    e->vocab = (int32_t)vocab;
+    e->tok = tok->data;
+    e->tok_f16 = tok->type == GGUF_TYPE_F16;
+    int32_t qd = e->n_heads * e->hd, kvd = e->n_kv * e->hd;
+    const int32_t rows[N_PROJ] = {qd, kvd, kvd, e->dim, e->ff, e->ff, e->dim};
+    const int32_t cols[N_PROJ] = {e->dim, e->dim, e->dim, qd, e->dim, e->dim, e->ff};
+    char name[96];
+#define NORM(field, fmt, width)                                      \
+    do {                                                             \
+        snprintf(name, sizeof name, fmt, l);                         \
+        if ((rc = norm(L, name, width, &Ly->field))) return rc;      \
+    } while (0)
+    for (int32_t l = 0; l < e->n_layers; l++) {
+        layer *Ly = &e->layers[l];
+        NORM(attn_norm, "blk.%d.attn_norm.weight", e->dim);
+        for (int i = 0; i < N_PROJ; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s_norm_in.weight", l, proj_name[i]);
+            if ((rc = norm(L, name, cols[i], &Ly->norm_in[i]))) return rc;
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, proj_name[i]);
+            if ((rc = projection(L, name, rows[i], cols[i], &Ly->p[i]))) return rc;
+        }
+        NORM(q_norm, "blk.%d.attn_q_norm.weight", e->hd);
+        NORM(k_norm, "blk.%d.attn_k_norm.weight", e->hd);
+        NORM(ffn_norm, "blk.%d.ffn_norm.weight", e->dim);
+        if (e->gemma) {
+            NORM(post_attn_norm, "blk.%d.post_attention_norm.weight", e->dim);
+            NORM(post_ffw_norm, "blk.%d.post_ffw_norm.weight", e->dim);
+        }
+    }
+#undef NORM
+    return norm(L, "output_norm.weight", e->dim, &e->output_norm);
+}
+
+ML_API int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *reason, size_t reason_len) {
+    if (out) *out = NULL;
+    if (!path || !out || threads < 0) {
+        ml_reason(reason, reason_len, "%s: invalid argument (path %s, out %s, threads %d)", path ? path : "(null)",
+                  path ? "set" : "NULL", out ? "set" : "NULL", (int)threads);
+        return ML_E_ARG;
+    }
+    ml_embedder *e = calloc(1, sizeof *e);
+    if (!e) {
+        ml_reason(reason, reason_len, "%s: out of memory", path);
+        return ML_E_NOMEM;
+    }
+    loader L = {path, reason, reason_len, e, ""};
+    int rc = gguf_open(path, &e->g, reason, reason_len);
+    if (rc == ML_OK) rc = hparams(&L);
+    if (rc == ML_OK) rc = tensors(&L);
+    if (rc == ML_OK) {
+        e->k = i2s_kernels();
+        e->pool = ml_pool_new(threads);
+        if (!e->pool) rc = fail(&L, ML_E_NOMEM, "cannot start %" PRId32 " threads", threads);
+    }
+    if (rc != ML_OK) {
+        free_model(e);
+        return rc;
+    }
+    *out = e;
+    return ML_OK;
+}
+
+ML_API void ml_embed_free(ml_embedder *e) { free_model(e); }
+ML_API int32_t ml_embed_dim(const ml_embedder *e) { return e ? e->dim : 0; }
+ML_API int32_t ml_embed_vocab(const ml_embedder *e) { return e ? e->vocab : 0; }
+
+/* ---------------------------------------------------------------- small ops */
+/* Sum of v[i]^2 in float32 in NumPy's pairwise order (np.add.reduce over a contiguous axis: 8
+ * running sums up to 128 elements, halves above), as forward.py's rmsnorm sums. */
+static float sum_squares(const float *v, int n) {
+    if (n < 8) {
+        float r = 0;
+        for (int i = 0; i < n; i++) r += v[i] * v[i];
+        return r;
+    }
+    if (n <= 128) {
+        float r[8];
+        int i = 8;
+        for (int j = 0; j < 8; j++) r[j] = v[j] * v[j];
+        for (; i < n - n % 8; i += 8)
+            for (int j = 0; j < 8; j++) r[j] += v[i + j] * v[i + j];
+        float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += v[i] * v[i];
+        return res;
+    }
+    int half = n / 2;
+    half -= half % 8;
+    return sum_squares(v, half) + sum_squares(v + half, n - half);
+}
+
+/* The same pairwise order for a plain sum (the softmax denominator). */
+static float pairwise_sum(const float *v, int n) {
+    if (n < 8) {
+        float r = 0;
+        for (int i = 0; i < n; i++) r += v[i];
+        return r;
+    }
+    if (n <= 128) {
+        float r[8];
+        int i = 8;
+        for (int j = 0; j < 8; j++) r[j] = v[j];
+        for (; i < n - n % 8; i += 8)
+            for (int j = 0; j < 8; j++) r[j] += v[i + j];
+        float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += v[i];
+        return res;
+    }
+    int half = n / 2;
+    half -= half % 8;
+    return pairwise_sum(v, half) + pairwise_sum(v + half, n - half);
+}
+
+/* forward.py rmsnorm: out = (v * (1 / sqrt(mean(v^2) + eps))) * w, float32 (in place allowed) */
+static void rmsnorm(float *out, const float *v, const float *w, int n, float eps) {
+    float ms = sum_squares(v, n) / (float)n;
+    float r = 1.0f / sqrtf(ms + eps);
+    for (int i = 0; i < n; i++) out[i] = (v[i] * r) * w[i];
+}
+
+static float silu(float v) { return v / (1.0f + expf(-v)); }
+
+static float gelu_tanh(float v) {
+    const float c = (float)sqrt(2.0 / 3.14159265358979323846);
+    return 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+}
+
+/* RoPE tables (n, hd/2) of one base, as the reference: inv = base^(-2i/hd) and ang = pos * inv in
+ * double, cos and sin in double rounded to float. */
+static void rope_table(int n, int hd, double base, float *c, float *s) {
+    int half = hd / 2;
+    for (int f = 0; f < half; f++) {
+        double inv = pow(base, -(double)(2 * f) / (double)hd);
+        for (int t = 0; t < n; t++) {
+            double ang = (double)t * inv;
+            c[(size_t)t * half + f] = (float)cos(ang);
+            s[(size_t)t * half + f] = (float)sin(ang);
+        }
+    }
+}
+
+/* Rotate-half (NEOX) over a whole head x[hd]: (x1 c - x2 s, x2 c + x1 s). */
+static void rope(float *x, int hd, const float *c, const float *s) {
+    int half = hd / 2;
+    for (int f = 0; f < half; f++) {
+        float x1 = x[f], x2 = x[f + half];
+        x[f] = x1 * c[f] - x2 * s[f];
+        x[f + half] = x2 * c[f] + x1 * s[f];
+    }
+}
+
+/* ---------------------------------------------------------------- scratch */
+typedef struct {
+    float *x, *h, *xin, *q, *k, *v, *att, *y, *g, *u, *scores, *cos0, *sin0, *cos1, *sin1;
+    int8_t *q8;
+    float *ascale;
+    int32_t *asum;
+} scratch;
+
+static void scratch_free(scratch *s) {
+    free(s->x), free(s->h), free(s->xin), free(s->q), free(s->k), free(s->v), free(s->att), free(s->y);
+    free(s->g), free(s->u), free(s->scores), free(s->cos0), free(s->sin0), free(s->cos1), free(s->sin1);
+    free(s->q8), free(s->ascale), free(s->asum);
+}
+
+static void *alloc(size_t n, size_t size, bool *ok) {
+    bool ovf = false;
+    size_t b = ml_mul_size(n, size, &ovf);
+    void *p = ovf ? NULL : malloc(b ? b : 1);
+    if (!p) *ok = false;
+    return p;
+}
+
+static int scratch_new(const ml_embedder *e, int n, scratch *s) {
+    memset(s, 0, sizeof *s);
+    size_t N = (size_t)n, qd = (size_t)e->n_heads * (size_t)e->hd, kvd = (size_t)e->n_kv * (size_t)e->hd;
+    size_t D = (size_t)e->dim, F = (size_t)e->ff;
+    size_t wide = D > qd ? D : qd;
+    wide = wide > F ? wide : F;
+    bool ok = true, ovf = false;
+    s->x = alloc(ml_mul_size(N, D, &ovf), sizeof(float), &ok);
+    s->h = alloc(ml_mul_size(N, D, &ovf), sizeof(float), &ok);
+    s->xin = alloc(ml_mul_size(N, wide, &ovf), sizeof(float), &ok);
+    s->q8 = alloc(ml_mul_size(N, wide, &ovf), 1, &ok);
+    s->ascale = alloc(N, sizeof(float), &ok);
+    s->asum = alloc(N, sizeof(int32_t), &ok);
+    s->q = alloc(ml_mul_size(N, qd, &ovf), sizeof(float), &ok);
+    s->att = alloc(ml_mul_size(N, qd, &ovf), sizeof(float), &ok);
+    s->k = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
+    s->v = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
+    s->y = alloc(ml_mul_size(N, D > F ? D : F, &ovf), sizeof(float), &ok);
+    s->g = alloc(ml_mul_size(N, F, &ovf), sizeof(float), &ok);
+    s->u = alloc(ml_mul_size(N, F, &ovf), sizeof(float), &ok);
+    s->scores = alloc(ml_mul_size(N, (size_t)e->n_heads, &ovf), sizeof(float), &ok);
+    size_t rt = ml_mul_size(N, (size_t)e->hd / 2, &ovf);
+    s->cos0 = alloc(rt, sizeof(float), &ok), s->sin0 = alloc(rt, sizeof(float), &ok);
+    s->cos1 = alloc(rt, sizeof(float), &ok), s->sin1 = alloc(rt, sizeof(float), &ok);
+    if (!ok || ovf) {
+        scratch_free(s);
+        return ML_E_NOMEM;
+    }
+    return ML_OK;
+}
+
+/* ---------------------------------------------------------------- bitlinear */
+typedef struct {
+    const ml_embedder *e;
+    const proj *p;
+    const scratch *s;
+    int n;
+    float *y; /* (n, rows) */
+} lin_job;
+
+/* Rows [r0, r1) of y, tokens in chunks of TOKEN_CHUNK (their int8 rows stay in cache while the
+ * weight rows stream past), four tokens per kernel call. */
+static void lin_rows(void *arg, int64_t r0, int64_t r1) {
+    const lin_job *j = arg;
+    const proj *p = j->p;
+    const i2s_kernel_table *k = j->e->k;
+    const int8_t *q8 = j->s->q8;
+    const float *a = j->s->ascale;
+    const int32_t *sum = j->s->asum;
+    size_t cols = (size_t)p->cols, rows = (size_t)p->rows, rb = cols / 4;
+    for (int t0 = 0; t0 < j->n; t0 += TOKEN_CHUNK) {
+        int t1 = j->n - t0 > TOKEN_CHUNK ? t0 + TOKEN_CHUNK : j->n;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *w = p->packed + (size_t)r * rb;
+            int t = t0;
+            for (; t + 4 <= t1; t += 4) {
+                const int8_t *x[4] = {q8 + (size_t)t * cols, q8 + (size_t)(t + 1) * cols,
+                                      q8 + (size_t)(t + 2) * cols, q8 + (size_t)(t + 3) * cols};
+                int32_t o[4];
+                k->dot4(p->cols, w, x, o);
+                for (int i = 0; i < 4; i++)
+                    j->y[(size_t)(t + i) * rows + (size_t)r] = i2s_epilogue(o[i], sum[t + i], a[t + i], p->d);
+            }
+            for (; t < t1; t++)
+                j->y[(size_t)t * rows + (size_t)r] =
+                    i2s_epilogue(k->dot(p->cols, w, q8 + (size_t)t * cols), sum[t], a[t], p->d);
+        }
+    }
+}
+
+/* y (n, rows) = BitLinear of x (n, cols): RMSNorm(x, norm_in) -> int8 activations -> dot ->
+ * epilogue. ML_E_FORMAT if an activation is not finite (the model's values overflowed). */
+static int bitlinear(const ml_embedder *e, scratch *s, const float *x, const float *norm_in, const proj *p, int n,
+                     float *y) {
+    size_t cols = (size_t)p->cols;
+    for (int t = 0; t < n; t++) {
+        float *xi = s->xin + (size_t)t * cols;
+        rmsnorm(xi, x + (size_t)t * cols, norm_in, p->cols, e->eps);
+        for (size_t i = 0; i < cols; i++)
+            if (!isfinite(xi[i])) return ML_E_FORMAT;
+        s->ascale[t] = e->k->quantize_act(xi, p->cols, s->q8 + (size_t)t * cols, &s->asum[t]);
+    }
+    lin_job j = {e, p, s, n, y};
+    ml_pool_run(e->pool, p->rows, lin_rows, &j);
+    return ML_OK;
+}
+
+/* ---------------------------------------------------------------- attention */
+typedef struct {
+    const ml_embedder *e;
+    scratch *s;
+    int n, sliding;
+} attn_job;
+
+/* q . k over a head in eight running sums (element c into sum c % 8, then pairwise), as a SIMD
+ * dot of eight lanes; a fixed order whatever the threads. */
+static float dot_f32(const float *restrict a, const float *restrict b, int n) {
+    float acc[8] = {0};
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[c + j] * b[c + j];
+    for (; c < n; c++) acc[c % 8] += a[c] * b[c];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void attn_heads(void *arg, int64_t h0, int64_t h1) {
+    const attn_job *j = arg;
+    const ml_embedder *e = j->e;
+    const scratch *s = j->s;
+    int n = j->n, hd = e->hd, rep = e->n_heads / e->n_kv;
+    size_t qd = (size_t)e->n_heads * (size_t)hd, kvd = (size_t)e->n_kv * (size_t)hd;
+    for (int64_t h = h0; h < h1; h++) {
+        float *sc = s->scores + (size_t)h * (size_t)n;
+        size_t kvo = (size_t)(h / rep) * (size_t)hd;
+        for (int i = 0; i < n; i++) {
+            const float *q = s->q + (size_t)i * qd + (size_t)h * (size_t)hd;
+            int j0 = j->sliding && e->window > 0 && i - e->window + 1 > 0 ? i - e->window + 1 : 0;
+            float mx = -INFINITY;
+            for (int t = 0; t < n; t++) {
+                if (t < j0 || t > i) {
+                    sc[t] = 0;
+                    continue;
+                }
+                sc[t] = dot_f32(q, s->k + (size_t)t * kvd + kvo, hd) * e->attn_scale;
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            for (int t = j0; t <= i; t++) sc[t] = expf(sc[t] - mx);
+            float tot = pairwise_sum(sc, n); /* masked entries are 0, as exp(-inf) in the reference */
+            float *o = s->att + (size_t)i * qd + (size_t)h * (size_t)hd;
+            for (int c = 0; c < hd; c++) o[c] = 0;
+            for (int t = j0; t <= i; t++) {
+                float p = sc[t] / tot;
+                const float *v = s->v + (size_t)t * kvd + kvo;
+                for (int c = 0; c < hd; c++) o[c] += p * v[c];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the pass */
+static void add_rows(float *x, const float *a, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] += a[i];
+}
+
+static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) {
+    int rc;
+    size_t D = (size_t)e->dim, N = (size_t)n, hd = (size_t)e->hd;
+    int nh = e->n_heads, nkv = e->n_kv;
+    for (size_t t = 0; t < N; t++) rmsnorm(s->h + t * D, s->x + t * D, Ly->attn_norm, e->dim, e->eps);
+    if ((rc = bitlinear(e, s, s->h, Ly->norm_in[P_Q], &Ly->p[P_Q], n, s->q)) ||
+        (rc = bitlinear(e, s, s->h, Ly->norm_in[P_K], &Ly->p[P_K], n, s->k)) ||
+        (rc = bitlinear(e, s, s->h, Ly->norm_in[P_V], &Ly->p[P_V], n, s->v)))
+        return rc;
+    const float *c = Ly->sliding ? s->cos1 : s->cos0, *sn = Ly->sliding ? s->sin1 : s->sin0;
+    for (size_t t = 0; t < N; t++) {
+        const float *ct = c + t * (hd / 2), *st = sn + t * (hd / 2);
+        for (int h = 0; h < nh; h++) {
+            float *q = s->q + (t * (size_t)nh + (size_t)h) * hd;
+            rmsnorm(q, q, Ly->q_norm, e->hd, e->eps);
+            rope(q, e->hd, ct, st);
+        }
+        for (int h = 0; h < nkv; h++) {
+            float *k = s->k + (t * (size_t)nkv + (size_t)h) * hd;
+            rmsnorm(k, k, Ly->k_norm, e->hd, e->eps);
+            rope(k, e->hd, ct, st);
+        }
+    }
+    attn_job aj = {e, s, n, Ly->sliding};
+    ml_pool_run(e->pool, nh, attn_heads, &aj);
+    if ((rc = bitlinear(e, s, s->att, Ly->norm_in[P_O], &Ly->p[P_O], n, s->y))) return rc;
+    if (e->gemma)
+        for (size_t t = 0; t < N; t++) rmsnorm(s->y + t * D, s->y + t * D, Ly->post_attn_norm, e->dim, e->eps);
+    add_rows(s->x, s->y, N * D);
+    for (size_t t = 0; t < N; t++) rmsnorm(s->h + t * D, s->x + t * D, Ly->ffn_norm, e->dim, e->eps);
+    if ((rc = bitlinear(e, s, s->h, Ly->norm_in[P_GATE], &Ly->p[P_GATE], n, s->g)) ||
+        (rc = bitlinear(e, s, s->h, Ly->norm_in[P_UP], &Ly->p[P_UP], n, s->u)))
+        return rc;
+    size_t nf = N * (size_t)e->ff;
+    for (size_t i = 0; i < nf; i++) s->g[i] = (e->gemma ? gelu_tanh(s->g[i]) : silu(s->g[i])) * s->u[i];
+    if ((rc = bitlinear(e, s, s->g, Ly->norm_in[P_DOWN], &Ly->p[P_DOWN], n, s->y))) return rc;
+    if (e->gemma)
+        for (size_t t = 0; t < N; t++) rmsnorm(s->y + t * D, s->y + t * D, Ly->post_ffw_norm, e->dim, e->eps);
+    add_rows(s->x, s->y, N * D);
+    return ML_OK;
+}
+
+/* ML_E_FORMAT (beyond the ABI's ML_E_ARG cases): the model's values overflowed to a non-finite
+ * activation or output, which the reference refuses too (i2s.quantize_activations); out is then
+ * left as it was. */
+ML_API int ml_embed(ml_embedder *e, const int32_t *tokens, int32_t n, int32_t pooling, int32_t normalize, float *out) {
+    if (!e || !tokens || !out || n < 1) return ML_E_ARG;
+    if (pooling == ML_POOL_MODEL) pooling = e->pooling;
+    if (pooling != ML_POOL_MEAN && pooling != ML_POOL_CLS && pooling != ML_POOL_LAST) return ML_E_ARG;
+    for (int32_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= e->vocab) return ML_E_ARG;
+    scratch s;
+    if (scratch_new(e, n, &s)) return ML_E_NOMEM;
+    size_t D = (size_t)e->dim;
+    for (int32_t t = 0; t < n; t++) {
+        float *x = s.x + (size_t)t * D;
+        const uint8_t *row = e->tok + (size_t)tokens[t] * D * (e->tok_f16 ? 2 : 4);
+        for (size_t i = 0; i < D; i++)
+            x[i] = e->tok_f16 ? ml_f16_to_f32(gguf_rd_u16(row + 2 * i)) : gguf_rd_f32(row + 4 * i);
+        if (e->gemma)
+            for (size_t i = 0; i < D; i++) x[i] = x[i] * e->embd_scale;
+    }
+    /* RoPE tables: the global base (cos0/sin0) and, for Gemma, the sliding layers' base */
+    double b0 = e->n_layers ? e->layers[0].base : 10000.0, b1 = b0;
+    for (int32_t l = 0; l < e->n_layers; l++) {
+        if (e->layers[l].sliding) b1 = e->layers[l].base;
+        else b0 = e->layers[l].base;
+    }
+    rope_table(n, e->hd, b0, s.cos0, s.sin0);
+    rope_table(n, e->hd, b1, s.cos1, s.sin1);
+    int rc = ML_OK;
+    for (int32_t l = 0; l < e->n_layers && rc == ML_OK; l++) rc = layer_pass(e, &s, &e->layers[l], n);
+    if (rc == ML_OK) {
+        /* final norm, then pooling: mean sums the tokens in order and divides once, as NumPy */
+        for (int32_t t = 0; t < n; t++) {
+            if (pooling == ML_POOL_CLS && t != 0) continue;
+            if (pooling == ML_POOL_LAST && t != n - 1) continue;
+            rmsnorm(s.x + (size_t)t * D, s.x + (size_t)t * D, e->output_norm, e->dim, e->eps);
+        }
+        float *v = s.y; /* the pooled vector, copied to out only when it is finite */
+        if (pooling == ML_POOL_MEAN) {
+            for (size_t i = 0; i < D; i++) v[i] = s.x[i];
+            for (int32_t t = 1; t < n; t++)
+                for (size_t i = 0; i < D; i++) v[i] += s.x[(size_t)t * D + i];
+            for (size_t i = 0; i < D; i++) v[i] = (float)((double)v[i] / (double)n);
+        } else {
+            memcpy(v, s.x + (pooling == ML_POOL_CLS ? 0 : (size_t)(n - 1) * D), D * sizeof(float));
+        }
+        if (normalize) {
+            double ss = 0;
+            for (size_t i = 0; i < D; i++) ss += (double)v[i] * (double)v[i];
+            double nrm = sqrt(ss);
+            float dv = (float)(nrm > 1e-12 ? nrm : 1e-12);
+            for (size_t i = 0; i < D; i++) v[i] = v[i] / dv;
+        }
+        for (size_t i = 0; i < D && rc == ML_OK; i++)
+            if (!isfinite(v[i])) rc = ML_E_FORMAT;
+        if (rc == ML_OK) memcpy(out, v, D * sizeof(float));
+    }
+    scratch_free(&s);
+    return rc;
+}

@@ -1,0 +1,215 @@
+/* i2s_main.c: standalone driver of the I2_S kernel tables and API (backends/bitnet/src), for the
+ * checks that cannot load the shared library: the NEON table, cross-compiled for aarch64 (-static)
+ * and run under qemu-aarch64, and sanitizer builds (tests/test_bitnet_kernels.py). Builds on
+ * x86-64 too (with i2s_avx2.c). Sources: this file, i2s_scalar.c, dispatch.c, i2s_api.c and the
+ * machine's SIMD file.
+ *
+ *   i2s_main ISA quantize_act N      stdin: rows of N float32; stdout per row: int8 q[N], float32
+ *                                    scale, int32 sum
+ *   i2s_main ISA dot N               stdin: records of packed[N/4] + int8 x[N]; stdout: int32
+ *   i2s_main ISA dot4 N              stdin: records of packed[N/4] + int8 x[4][N]; stdout: int32[4]
+ *   i2s_main ISA dot_rows4 N         stdin: records of packed[4][N/4] + int8 x[N]; stdout: int32[4]
+ *   i2s_main ISA quantize ROWS COLS  stdin: float32 w[ROWS*COLS]; stdout: the payload
+ *   i2s_main ISA matmul ROWS COLS N  stdin: payload + float32 x[N*COLS]; stdout: float32 y[N*ROWS]
+ *   i2s_main ISA selftest ROUNDS     every op of table ISA against the scalar twin on random and
+ *                                    edge inputs generated here; prints the automatic choice
+ *                                    (ml_isa) and "ISA: ... 0 mismatches"
+ * The kernel ops run table ISA directly; the API ops (quantize, matmul) first ml_set_isa(ISA).
+ * Exit status: 0 on success, 2 usage or I/O, 3 ISA not runnable here ("not runnable" on stderr),
+ * 10 + the ML_E_* status an API call returned, 1 a selftest mismatch. All data little endian.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/bitnet.h"
+
+static uint8_t *read_all(size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    uint8_t *buf = malloc(cap);
+    for (size_t got; buf != NULL && (got = fread(buf + n, 1, cap - n, stdin)) > 0;) {
+        n += got;
+        if (n == cap) {
+            uint8_t *b = realloc(buf, cap *= 2);
+            if (b == NULL) free(buf);
+            buf = b;
+        }
+    }
+    *len = n;
+    return buf;
+}
+
+static int put(const void *p, size_t n) { return fwrite(p, 1, n, stdout) == n; }
+
+/* ------------------------------------------------------------------ selftest */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float unit(void) { return (float)(rnd() >> 40) / (float)(1 << 24); } /* [0, 1) */
+
+#define MAXN 4096
+
+static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
+    static float x[MAXN];
+    static int8_t q0[MAXN], q1[MAXN], xs[4][MAXN];
+    static uint8_t w[4 * MAXN / 4];
+    const i2s_kernel_table *s = &i2s_kernels_scalar;
+    long bad = 0;
+    for (int r = 0; r < rounds; r++) {
+        /* quantize_act: any length 1..MAXN, values of several kinds */
+        int n = r % 3 == 0 ? (int)(rnd() % MAXN) + 1 : 128 * ((int)(rnd() % (MAXN / 128)) + 1);
+        int mode = r % 5;
+        float amax = ldexpf(1.0f + unit(), (int)(rnd() % 60) - 40);
+        float a = (float)(127.0 / (double)amax);
+        for (int k = 0; k < n; k++) {
+            switch (mode) {
+            case 0: x[k] = ldexpf(unit() * 2.0f - 1.0f, (int)(rnd() % 40) - 20); break;
+            case 1: { /* finite random bit patterns */
+                uint32_t u;
+                do u = (uint32_t)rnd(); while ((u & 0x7f800000u) == 0x7f800000u);
+                memcpy(&x[k], &u, 4);
+                break;
+            }
+            case 2: { /* t = x * a near k + 0.5 */
+                float v = ((float)(rnd() % 127) + 0.5f) / a;
+                uint32_t u;
+                memcpy(&u, &v, 4);
+                u += (uint32_t)(rnd() % 5) - 2;
+                memcpy(&v, &u, 4);
+                x[k] = fminf(v, amax) * ((rnd() & 1) ? 1.0f : -1.0f);
+                break;
+            }
+            case 3: x[k] = (float)((int)(rnd() % 255) - 127) * 0.5f; break; /* halves with amax 63.5 */
+            default: x[k] = (rnd() % 4) ? 0.0f : ldexpf(unit(), -140); /* zeros and subnormals */
+            }
+        }
+        if (mode == 2) x[rnd() % (unsigned)n] = amax;
+        int32_t sum0, sum1;
+        float a0 = s->quantize_act(x, n, q0, &sum0), a1 = t->quantize_act(x, n, q1, &sum1);
+        (*checks)++;
+        if (memcmp(&a0, &a1, 4) || sum0 != sum1 || memcmp(q0, q1, (size_t)n)) {
+            if (bad++ < 10) fprintf(stderr, "%s quantize_act round %d n %d: scale %a vs %a, sum %d vs %d\n", t->name, r, n, a0, a1, sum0, sum1);
+        }
+        /* dots: any bytes (code 3 too), any int8 (-128 too); round 0..3: extremes */
+        n = 128 * ((int)(rnd() % (MAXN / 128)) + 1);
+        for (int i = 0; i < n; i++) {
+            w[i] = r < 4 ? (uint8_t)(r & 1 ? 0xFF : 0xAA) : (uint8_t)rnd();
+            for (int u = 0; u < 4; u++) xs[u][i] = r < 4 ? (int8_t)(r & 2 ? -128 : 127) : (int8_t)rnd();
+        }
+        int32_t d0[4], d1[4];
+        const int8_t *xp[4] = {xs[0], xs[1], xs[2], xs[3]};
+        d0[0] = s->dot(n, w, xs[0]);
+        d1[0] = t->dot(n, w, xs[0]);
+        (*checks)++;
+        if (d0[0] != d1[0] && bad++ < 10) fprintf(stderr, "%s dot n %d: %d vs %d\n", t->name, n, d0[0], d1[0]);
+        s->dot4(n, w, xp, d0);
+        t->dot4(n, w, xp, d1);
+        for (int u = 0; u < 4; u++) {
+            (*checks)++;
+            if ((d0[u] != d1[u] || d0[u] != s->dot(n, w, xs[u])) && bad++ < 10)
+                fprintf(stderr, "%s dot4 n %d row %d: %d vs %d\n", t->name, n, u, d0[u], d1[u]);
+        }
+        s->dot_rows4(n, w, xs[1], d0);
+        t->dot_rows4(n, w, xs[1], d1);
+        for (int u = 0; u < 4; u++) {
+            (*checks)++;
+            if ((d0[u] != d1[u] || d0[u] != s->dot(n, w + (size_t)u * (size_t)(n / 4), xs[1])) && bad++ < 10)
+                fprintf(stderr, "%s dot_rows4 n %d row %d: %d vs %d\n", t->name, n, u, d0[u], d1[u]);
+        }
+    }
+    return bad;
+}
+
+/* ------------------------------------------------------------------ main */
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s ISA OP N... (see the file comment)\n", argv[0]);
+        return 2;
+    }
+    const char *isa = argv[1], *op = argv[2];
+    const i2s_kernel_table *t = i2s_kernels_named(isa);
+    if (t == NULL) {
+        fprintf(stderr, "%s: not runnable here\n", isa);
+        return 3;
+    }
+    long a1 = atol(argv[3]), a2 = argc > 4 ? atol(argv[4]) : 0, a3 = argc > 5 ? atol(argv[5]) : 0;
+    if (!strcmp(op, "selftest")) {
+        long checks = 0, bad = selftest(t, (int)a1, &checks);
+        printf("automatic choice: %s\n", ml_isa());
+        printf("%s: %ld checks against scalar, %ld mismatches\n", t->name, checks, bad);
+        return bad != 0;
+    }
+    size_t len;
+    uint8_t *in = read_all(&len);
+    if (in == NULL || a1 <= 0) return 2;
+    int ok = 1;
+    const size_t n = (size_t)a1;
+    if (!strcmp(op, "quantize_act")) {
+        int8_t *q = malloc(n);
+        for (size_t off = 0; q && ok && off + 4 * n <= len; off += 4 * n) {
+            float *x = malloc(4 * n); /* aligned copy */
+            int32_t sum;
+            memcpy(x, in + off, 4 * n);
+            float a = t->quantize_act(x, (int)n, q, &sum);
+            ok = put(q, n) && put(&a, 4) && put(&sum, 4);
+            free(x);
+        }
+        free(q);
+    } else if (!strcmp(op, "dot") || !strcmp(op, "dot4") || !strcmp(op, "dot_rows4")) {
+        int which = op[3] == 0 ? 0 : op[3] == '4' ? 1 : 2;
+        size_t wb = which == 2 ? n : n / 4, xb = which == 1 ? 4 * n : n, rec = wb + xb;
+        if (n % I2S_BLOCK) return 2;
+        uint8_t *buf = malloc(rec);
+        for (size_t off = 0; buf && ok && off + rec <= len; off += rec) {
+            memcpy(buf, in + off, rec);
+            const int8_t *x = (const int8_t *)buf + wb;
+            int32_t out[4];
+            if (which == 0) out[0] = t->dot((int)n, buf, x);
+            else if (which == 1) {
+                const int8_t *xs[4] = {x, x + n, x + 2 * n, x + 3 * n};
+                t->dot4((int)n, buf, xs, out);
+            } else t->dot_rows4((int)n, buf, x, out);
+            ok = put(out, which == 0 ? 4 : 16);
+        }
+        free(buf);
+    } else if (!strcmp(op, "quantize") || !strcmp(op, "matmul")) {
+        if (ml_set_isa(isa) != ML_OK || a2 <= 0) return 2;
+        size_t rows = n, cols = (size_t)a2, pay = rows * cols / 4 + I2S_TAIL;
+        int rc;
+        if (op[0] == 'q') {
+            if (len != 4 * rows * cols) return 2;
+            float *w = malloc(len);
+            uint8_t *p = malloc(pay);
+            memcpy(w, in, len);
+            rc = ml_i2s_quantize(w, rows, cols, p);
+            ok = rc != ML_OK || put(p, pay);
+            free(w), free(p);
+        } else {
+            size_t nt = (size_t)a3;
+            if (len != pay + 4 * nt * cols) return 2;
+            uint8_t *p = malloc(pay);
+            float *x = malloc(4 * nt * cols + 4), *y = malloc(4 * nt * rows + 4);
+            memcpy(p, in, pay);
+            memcpy(x, in + pay, 4 * nt * cols);
+            rc = ml_i2s_matmul(p, rows, cols, x, nt, y);
+            ok = rc != ML_OK || put(y, 4 * nt * rows);
+            free(p), free(x), free(y);
+        }
+        if (rc != ML_OK) {
+            free(in);
+            return 10 + rc;
+        }
+    } else {
+        fprintf(stderr, "unknown op %s\n", op);
+        return 2;
+    }
+    free(in);
+    return ok ? 0 : 2;
+}

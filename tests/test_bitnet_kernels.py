@@ -1,0 +1,631 @@
+"""The bitnet runtime's I2_S kernels and API (backends/bitnet/src) against the NumPy reference
+(mlconf.backends.reference.i2s, specs/i2s.yaml): bit for bit, on every ISA.
+
+The library is built once with backends/native/build.py (lib="mlbitnet") and loaded with cffi
+(ABI mode). The test-only entry point mlbitnet_test_kernel (src/testhooks.c) runs one kernel of
+one ISA, so every table runnable here (scalar, avx2 on x86-64) is compared with the reference:
+- quantize_act: int8 bytes, scale bits and sum equal quantize_activations (round half away from
+  zero) on seeded rows of several kinds: exact .5 ties after scaling and their neighbours, t at
+  +-127, all-zero rows, huge, tiny and subnormal magnitudes, random bit patterns, any length;
+- dot, dot4 (one weight row, four activation rows), dot_rows4 (four weight rows, one activation
+  row): the exact int32 sums of int_dot on the 2-bit codes, for any bytes (code 3 too) and any
+  int8 (-128 too), lengths 128..4096;
+- ml_i2s_quantize: the reference payload byte for byte (random tensors, the spec's edge cases,
+  +-0.5 / 1.5 ties of w * s, a tensor whose float mean depends on the float64 summation order,
+  which NumPy does pairwise); ml_i2s_quantize_act / ml_i2s_matmul: bit-identical to
+  quantize_activations / bitlinear, under every ISA (ml_set_isa); the refusals of mlrt.h.
+NEON: backends/bitnet/tests/i2s_main.c cross-compiled for aarch64 (-static) runs the neon and
+scalar tables and the API under qemu-aarch64 -cpu max on the same inputs, compared with the
+reference here (skipped when aarch64-linux-gnu-gcc or qemu-aarch64 is missing); the same driver
+runs natively under AddressSanitizer + UBSan.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from mlconf import specs
+from mlconf.backends.reference import i2s
+
+ROOT = Path(__file__).resolve().parents[1]
+NATIVE = ROOT / "backends" / "native"
+BITNET = ROOT / "backends" / "bitnet"
+SRC = BITNET / "src"
+ML_OK, ML_E_FORMAT, ML_E_ARG, ML_E_UNSUPPORTED = 0, 2, 4, 6
+MACHINE = platform.machine()
+X86 = MACHINE in ("x86_64", "AMD64")
+ARM = MACHINE in ("aarch64", "arm64")
+ISAS = ["scalar"] + (["avx2"] if X86 else []) + (["neon"] if ARM else [])
+F32 = np.float32
+F32_MAX = float.fromhex("0x1.fffffep+127")
+SPEC = specs.load("i2s")
+CDEF = """
+int mlbitnet_test_kernel(const char *isa, const char *op, int n, const void *a, const void *b, void *out);
+double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int threads, int iters);
+const char *ml_isa(void);
+int ml_set_isa(const char *isa);
+int ml_i2s_quantize(const void *w, size_t rows, size_t cols, void *payload);
+int ml_i2s_quantize_act(const void *x, size_t rows, size_t cols, void *q, void *scale, void *sum);
+int ml_i2s_matmul(const void *payload, size_t rows, size_t cols, const void *x, size_t n, void *y);
+"""  # the I2_S group of mlrt.h with its pointers as void * (the same ABI): cffi takes from_buffer
+
+
+def _load_build_module():
+    spec = importlib.util.spec_from_file_location("mlrt_native_build", NATIVE / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Lib:
+    """The library's entry points with NumPy arrays in and out."""
+
+    def __init__(self, ffi, lib):
+        self.ffi, self.lib = ffi, lib
+
+    def _buf(self, a):
+        return self.ffi.NULL if a is None else self.ffi.from_buffer(a)
+
+    def kernel(self, isa, op, n, a, b=None, out_bytes=16):
+        out = np.zeros(max(out_bytes, 16), np.uint8)
+        a = None if a is None else np.ascontiguousarray(a)
+        b = None if b is None else np.ascontiguousarray(b)
+        rc = self.lib.mlbitnet_test_kernel(isa.encode(), op.encode(), n, self._buf(a), self._buf(b),
+                                           self.ffi.from_buffer(out))
+        return rc, out
+
+    def runnable(self, isa):
+        return self.kernel(isa, "quantize_act", 1, np.zeros(1, F32))[0] == ML_OK
+
+    def quantize_act(self, isa, x):
+        x = np.ascontiguousarray(x, F32)
+        n = x.size
+        rc, out = self.kernel(isa, "quantize_act", n, x, out_bytes=n + 8)
+        assert rc == ML_OK
+        scale, total = out[n:n + 4].view(F32)[0], int(out[n + 4:n + 8].view(np.int32)[0])
+        return out[:n].view(np.int8).copy(), scale, total
+
+    def dot(self, isa, op, n, w, x):
+        rc, out = self.kernel(isa, op, n, np.ascontiguousarray(w, np.uint8), np.ascontiguousarray(x, np.int8))
+        assert rc == ML_OK
+        return out[:4 if op == "dot" else 16].view(np.int32).copy()
+
+    def quantize(self, w):
+        """(status, payload bytes) of ml_i2s_quantize on a 2-D float32 array."""
+        w = np.ascontiguousarray(w, F32)
+        rows, cols = w.shape
+        out = np.zeros(max(rows * cols // 4 + 32, 1), np.uint8)
+        rc = self.lib.ml_i2s_quantize(self._buf(w), rows, cols, self.ffi.from_buffer(out))
+        return rc, out.tobytes()
+
+    def quantize_rows(self, x):
+        x = np.ascontiguousarray(x, F32)
+        rows, cols = x.shape
+        q = np.zeros((rows, cols), np.int8)
+        s = np.zeros(max(rows, 1), F32)
+        n = np.zeros(max(rows, 1), np.int32)
+        rc = self.lib.ml_i2s_quantize_act(self._buf(x), rows, cols, self.ffi.from_buffer(q),
+                                          self.ffi.from_buffer(s), self.ffi.from_buffer(n))
+        return rc, q, s[:rows], n[:rows]
+
+    def matmul(self, payload, rows, cols, x):
+        x = np.ascontiguousarray(x, F32)
+        y = np.full((max(x.shape[0], 1), max(rows, 1)), np.nan, F32)
+        p = np.frombuffer(payload, np.uint8)
+        rc = self.lib.ml_i2s_matmul(self._buf(p), rows, cols, self._buf(x), x.shape[0],
+                                    self.ffi.from_buffer(y))
+        return rc, y[:x.shape[0], :rows]
+
+    def isa_now(self):
+        return self.ffi.string(self.lib.ml_isa()).decode()
+
+
+@pytest.fixture(scope="session")
+def lib(tmp_path_factory) -> Lib:
+    cffi = pytest.importorskip("cffi")
+    build = _load_build_module()
+    # a BuildError fails the tests
+    so = build.build(tmp_path_factory.mktemp("mlbitnet") / "libmlbitnet.so", lib="mlbitnet")
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    return Lib(ffi, ffi.dlopen(str(so)))
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, lib) -> str:
+    if not lib.runnable(request.param):
+        pytest.skip(f"{request.param} kernels are not runnable on this CPU")
+    return request.param
+
+
+@pytest.fixture
+def using(lib, isa):
+    """The API under table `isa` (ml_set_isa), restored afterwards."""
+    before = lib.isa_now()
+    assert lib.lib.ml_set_isa(isa.encode()) == ML_OK
+    yield isa
+    assert lib.lib.ml_set_isa(before.encode()) == ML_OK
+
+
+# ---------------------------------------------------------------- inputs
+def _bits_f32(rng, shape) -> np.ndarray:
+    """Random finite float32 bit patterns (every exponent, subnormals, +-0)."""
+    bits = rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32)
+    bits = np.where((bits & 0x7F800000) == 0x7F800000, bits & 0xBFFFFFFF, bits)
+    return bits.view(F32)
+
+
+def activation_rows(seed: int) -> list[np.ndarray]:
+    """Rows (any length 1..4096) where a wrong rounding, an FMA or a bad amax shows."""
+    rng = np.random.default_rng(seed)
+    h = float.fromhex
+    rows: list[np.ndarray] = []
+    lengths = [1, 7, 31, 33, 128, 131, 256, 640, 1000, 4096]
+    for n in lengths:
+        rows.append(np.zeros(n, F32))                                              # all zero: a = 12700000
+        rows.append(np.full(n, -0.0, F32))
+        rows.append((rng.standard_normal(n) * np.exp2(rng.integers(-20, 20))).astype(F32))
+        rows.append(_bits_f32(rng, n))                                             # huge and tiny at once
+        rows.append((rng.integers(-254, 255, n) / 2.0).astype(F32))               # halves; amax 127 -> a = 1
+    # t = x * a exactly k + 0.5 (a = 1: amax = 127; a = 2^e: amax = 127 * 2^-e), both signs
+    for e in (-60, -3, 0, 5, 40):
+        n = 256
+        x = (rng.integers(-127, 127, n) + 0.5).astype(F32)
+        x[rng.integers(0, n)] = 127.0
+        rows.append(np.ldexp(x, -e).astype(F32))
+    # t within two ulps of k + 0.5 for random amax (a not a power of two): round() vs t + 0.5
+    for _ in range(40):
+        n = int(rng.choice([128, 512, 2048]))
+        amax = F32(rng.uniform(1, 2) * 2.0 ** int(rng.integers(-100, 100)))
+        a = F32(127.0 / float(amax))
+        v = ((rng.integers(0, 127, n).astype(F32) + F32(0.5)) / a).astype(F32)
+        v = (v.view(np.uint32) + rng.integers(-2, 3, n).astype(np.uint32)).view(F32)
+        v = np.minimum(v, amax) * rng.choice([F32(-1), F32(1)], n)
+        v[rng.integers(0, n)] = amax * rng.choice([F32(-1), F32(1)])
+        rows.append(v.astype(F32))
+    # |t| at 127 (x = +-amax, a rounded up: t = 127 * (1 + 2^-24)-ish) and 126.5, 0.5 - 2^-25
+    rows.append(np.array([127.0, -127.0, 126.5, -126.5, h("0x1.fffffep-2"), -h("0x1.fffffep-2"), 0.5, -0.5]
+                         + [0.0] * 120, F32))
+    for amax in (3.0, 7.0, 1e-3, h("0x1.fffffep+127"), 1e-5, h("0x1.4f8b58p-17"), 9.99e-6, 1e-30):
+        n = 128
+        x = np.linspace(-amax, amax, n).astype(F32)
+        x[0], x[-1] = F32(amax), F32(-amax)
+        rows.append(x)
+    rows.append(np.full(128, h("0x1p-149"), F32))                                 # subnormals only
+    rows.append(np.full(4096, F32_MAX, F32))
+    rows.append((np.array([F32_MAX, -F32_MAX, 1.0, -1.0] * 32)).astype(F32))
+    return rows
+
+
+def ref_act(x: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
+    q, s = i2s.quantize_activations(np.asarray(x, F32).reshape(1, -1))
+    return q[0], s[0], int(q.astype(np.int32).sum())
+
+
+def ref_int(packed: np.ndarray, rows: int, cols: int, xq: np.ndarray) -> np.ndarray:
+    """sum code * x (int32, rows) for one activation row: codes of any byte, code 3 included."""
+    sumi, _ = i2s.int_dot(packed, rows, cols, xq)
+    return sumi[0]
+
+
+def dot_inputs(seed: int):
+    """(n, packed bytes for 4 rows, 4 int8 rows): random bytes (code 3 too) and extremes."""
+    rng = np.random.default_rng(seed)
+    for n in (128, 256, 384, 1024, 1152, 4096):
+        x = rng.integers(-128, 128, (4, n)).astype(np.int8)
+        yield n, rng.integers(0, 256, n, dtype=np.uint8), x
+    for wb, xv in ((0xFF, -128), (0xFF, 127), (0xAA, -128), (0x00, 127), (0x55, -128)):
+        n = 4096
+        yield n, np.full(n, wb, np.uint8), np.full((4, n), xv, np.int8)
+    n = 2048  # ternary weights (codes 0..2) and activations as quantize_act makes them
+    q = rng.integers(-1, 2, 4 * n).astype(np.int8)
+    yield n, i2s.pack(q), rng.integers(-127, 128, (4, n)).astype(np.int8)
+
+
+# ---------------------------------------------------------------- entry points
+def test_isa_selection(lib):
+    auto = lib.isa_now()
+    assert auto == ([i for i in ISAS[1:] if lib.runnable(i)] or ["scalar"])[0], "the best runnable table"
+    try:
+        assert lib.lib.ml_set_isa(b"scalar") == ML_OK and lib.isa_now() == "scalar"
+        assert lib.lib.ml_set_isa(b"no-such-isa") == ML_E_UNSUPPORTED
+        assert lib.lib.ml_set_isa(b"neon" if X86 else b"avx2") == ML_E_UNSUPPORTED
+        assert lib.lib.ml_set_isa(lib.ffi.NULL) == ML_E_ARG
+        assert lib.isa_now() == "scalar", "a refused ml_set_isa changes nothing"
+    finally:
+        assert lib.lib.ml_set_isa(auto.encode()) == ML_OK
+
+
+def test_hook_arguments(lib):
+    z8, zf = np.zeros(512, np.int8), np.zeros(512, F32)
+    assert lib.kernel("scalar", "dot", 130, z8, z8)[0] == ML_E_ARG      # not a multiple of 128
+    assert lib.kernel("scalar", "dot", 0, z8, z8)[0] == ML_E_ARG
+    assert lib.kernel("scalar", "quantize_act", 0, zf)[0] == ML_E_ARG
+    assert lib.kernel("scalar", "dot", 128, z8, None)[0] == ML_E_ARG
+    assert lib.kernel("scalar", "no_such_op", 128, z8, z8)[0] == ML_E_ARG
+    assert lib.kernel("neon" if X86 else "avx2", "dot", 128, z8, z8)[0] == ML_E_UNSUPPORTED
+    assert lib.kernel("scalar", "dot", 128, z8, z8)[0] == ML_OK
+
+
+# ---------------------------------------------------------------- kernels
+def test_quantize_act_spec_cases(lib, isa):
+    for case in (c for c in SPEC["edge_cases"] if c["op"] == "activations"):
+        x = _vec(case["x"], F32)
+        q, a, s = lib.quantize_act(isa, x)
+        assert a == case["expect"]["scale"] and s == case["expect"]["act_sum"], case["name"]
+        np.testing.assert_array_equal(q, _vec(case["expect"]["xq"], np.int64), err_msg=case["name"])
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_quantize_act_matches_reference(lib, isa, seed):
+    rows = activation_rows(seed)
+    bad = []
+    for i, x in enumerate(rows):
+        q, a, s = lib.quantize_act(isa, x)
+        wq, wa, ws = ref_act(x)
+        if q.tobytes() != wq.tobytes() or a.tobytes() != wa.tobytes() or s != ws:
+            j = np.flatnonzero(q != wq)[:3]
+            bad.append(f"row {i} (n {x.size}): scale {float(a).hex()} vs {float(wa).hex()}, sum {s} vs {ws}, "
+                       f"(x, q, want) {[(float(x[k]).hex(), int(q[k]), int(wq[k])) for k in j]}")
+    assert not bad, f"{isa}: {len(bad)} of {len(rows)} rows differ:\n" + "\n".join(bad[:5])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(x=hnp.arrays(F32, st.integers(1, 700), elements=st.floats(-2.0**20, 2.0**20, width=32)),
+       scale=st.sampled_from([1.0, 2.0**-140, 2.0**100, 127.0]))
+def test_quantize_act_hypothesis(lib, x, scale):
+    x = (x * F32(scale)).astype(F32)
+    want = ref_act(x)
+    for isa in ISAS:
+        if lib.runnable(isa):
+            q, a, s = lib.quantize_act(isa, x)
+            assert (q.tobytes(), a.tobytes(), s) == (want[0].tobytes(), want[1].tobytes(), want[2]), isa
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_dots_match_reference(lib, isa, seed):
+    for n, w, x in dot_inputs(seed):
+        row0 = w[:n // 4]
+        want = np.stack([ref_int(row0, 1, n, x[t])[0] for t in range(4)])
+        assert lib.dot(isa, "dot", n, row0, x[0])[0] == want[0], f"{isa} dot n {n}"
+        np.testing.assert_array_equal(lib.dot(isa, "dot4", n, row0, x), want, err_msg=f"{isa} dot4 n {n}")
+        want_rows = ref_int(w, 4, n, x[1])
+        np.testing.assert_array_equal(lib.dot(isa, "dot_rows4", n, w, x[1]), want_rows,
+                                      err_msg=f"{isa} dot_rows4 n {n}")
+
+
+def test_dot_extremes_are_exact(lib, isa):
+    """Code 3 everywhere against -128 everywhere: the largest |sum| (int16 stages must not saturate)."""
+    n = 4096
+    w, x = np.full(n // 4, 0xFF, np.uint8), np.full(n, -128, np.int8)
+    assert lib.dot(isa, "dot", n, w, x)[0] == 3 * -128 * n
+    x4 = np.full((4, n), 127, np.int8)
+    np.testing.assert_array_equal(lib.dot(isa, "dot4", n, w, x4), [3 * 127 * n] * 4)
+
+
+# ---------------------------------------------------------------- ml_i2s_quantize: payload bytes
+def _num(v) -> float:
+    return float.fromhex(v) if isinstance(v, str) else float(v)
+
+
+def _vec(spec: dict, dtype) -> np.ndarray:
+    out = np.full(128, _num(spec["fill"]), dtype=dtype)
+    for i, v in (spec.get("at") or {}).items():
+        out[int(i)] = _num(v)
+    return out
+
+
+def weight_tensors(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for rows, cols in ((1, 128), (3, 256), (7, 384), (16, 1024), (2, 4096), (33, 128)):
+        out.append(rng.standard_normal((rows, cols)).astype(F32))
+        wide = np.exp2(rng.integers(-40, 40, (rows, cols)))
+        out.append((rng.standard_normal((rows, cols)) * wide).astype(F32))
+        out.append(_bits_f32(rng, (rows, cols)) * F32(2.0**-20))                 # no overflow in the mean
+        out.append((rng.integers(-3, 4, (rows, cols)) * 0.5).astype(F32))        # many exact ties
+        out.append(np.zeros((rows, cols), F32))
+    # +-0.5 and +-1.5 of the scale exactly: values in units u = 2^e whose |sum| is n u (m = u, s = 2^-e)
+    for e in (-20, 0, 7):
+        n = 1024
+        k = rng.choice([0.0, 0.5, -0.5, 1.5, -1.5, 1.0, -1.0], n)
+        k[0] = 0.0
+        k[0] = n - np.abs(k).sum()                                                # positive: |k| avg < 1
+        out.append(np.ldexp(k, e).astype(F32).reshape(8, 128))
+    out.append(np.full((2, 128), F32_MAX / 2**20, F32))
+    out.append(np.full((1, 128), float.fromhex("0x1p-149"), F32))                # m floored: q = 0, d = 0
+    out.append(summation_order_tensor())
+    return out
+
+
+def summation_order_tensor() -> np.ndarray:
+    """(8, 128) weights whose float32 mean depends on the float64 summation order: eight values of
+    2^7 (one of them + 2^-14) make the exact mean 1 + 2^-24, the midpoint between two floats; the
+    other 1016 values are 2^-48, which a running float64 sum starting at 2^10 absorbs one by one
+    (mean 1 + 2^-24, a tie: rounds to 1.0), but NumPy's pairwise sum adds 128 of them at a time
+    (2^-41, kept): the mean rounds up to 1 + 2^-23. The reference (np.mean) is the second."""
+    w = np.full(1024, 2.0**-48, F32)
+    w[:8] = 2.0**7
+    w[0] = 2.0**7 + 2.0**-14
+    return w.reshape(8, 128)
+
+
+def test_summation_order_tensor_discriminates():
+    """The tensor above does tell a plain float64 loop from NumPy's pairwise sum."""
+    w = summation_order_tensor().ravel().astype(np.float64)
+    plain = 0.0
+    for v in w.tolist():
+        plain += v
+    assert F32(plain / w.size) == F32(1.0)
+    assert F32(np.abs(w).mean()) == F32(1 + 2.0**-23)
+
+
+def test_quantize_spec_cases(lib, using):
+    cases = [c for c in SPEC["edge_cases"] if c["op"] in ("ternarize", "bitlinear")]
+    assert cases
+    for case in cases:
+        rc, data = lib.quantize(_vec(case["w"], F32).reshape(1, 128))
+        assert rc == ML_OK
+        if "packed" in case["expect"]:
+            assert data[:32].hex() == case["expect"]["packed"], case["name"]
+            assert data[32:].hex() == case["expect"]["payload_tail"], case["name"]
+        assert data == i2s.payload(_vec(case["w"], F32)), case["name"]
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_quantize_matches_reference(lib, using, seed):
+    bad = []
+    tensors = weight_tensors(seed)
+    for i, w in enumerate(tensors):
+        rc, data = lib.quantize(w)
+        assert rc == ML_OK, f"tensor {i} {w.shape}"
+        want = i2s.payload(w)
+        if data != want:
+            n = w.size // 4
+            bad.append(f"tensor {i} {w.shape}: scale {data[n:n + 4].hex()} vs {want[n:n + 4].hex()}, "
+                       f"first packed difference at byte "
+                       f"{next((k for k in range(n) if data[k] != want[k]), None)}")
+    assert not bad, f"{len(bad)} of {len(tensors)} payloads differ:\n" + "\n".join(bad)
+
+
+# ---------------------------------------------------------------- ml_i2s_quantize_act, ml_i2s_matmul
+@pytest.mark.parametrize("seed", [7, 8])
+def test_quantize_act_api_matches_reference(lib, using, seed):
+    rng = np.random.default_rng(seed)
+    rows = [r for r in activation_rows(seed) if r.size % 128 == 0]
+    for cols in sorted({r.size for r in rows}):
+        x = np.stack([r for r in rows if r.size == cols] + [rng.standard_normal(cols).astype(F32)])
+        rc, q, s, n = lib.quantize_rows(x)
+        assert rc == ML_OK
+        wq, ws = i2s.quantize_activations(x)
+        np.testing.assert_array_equal(q, wq, err_msg=f"cols {cols}")
+        np.testing.assert_array_equal(s.view(np.uint32), ws.view(np.uint32), err_msg=f"cols {cols}")
+        np.testing.assert_array_equal(n, wq.astype(np.int32).sum(axis=1), err_msg=f"cols {cols}")
+
+
+def matmul_cases(seed: int):
+    rng = np.random.default_rng(seed)
+    for rows, cols, n in ((1, 128, 1), (5, 256, 3), (8, 512, 4), (13, 384, 9), (64, 1024, 2), (7, 4096, 5),
+                          (4, 128, 8)):
+        w = (rng.standard_normal((rows, cols)) * np.exp2(rng.integers(-5, 5))).astype(F32)
+        x = (rng.standard_normal((n, cols)) * np.exp2(rng.integers(-10, 10, (n, 1)))).astype(F32)
+        x[0, : cols // 2] = 0.0
+        if n > 2:
+            x[2] = 0.0                                                             # an all-zero row: y = 0
+        yield w, x
+    case = next(c for c in SPEC["edge_cases"] if c["op"] == "bitlinear")
+    yield _vec(case["w"], F32).reshape(1, 128), _vec(case["x"], F32).reshape(1, 128)
+
+
+@pytest.mark.parametrize("seed", [9, 10])
+def test_matmul_matches_bitlinear(lib, using, seed):
+    for w, x in matmul_cases(seed):
+        rows, cols = w.shape
+        payload = i2s.payload(w)
+        rc, y = lib.matmul(payload, rows, cols, x)
+        assert rc == ML_OK, (rows, cols)
+        want = i2s.bitlinear(x, payload, (rows, cols))
+        np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32),
+                                      err_msg=f"{rows}x{cols}, n {len(x)}")
+
+
+def test_bitlinear_spec_case(lib, using):
+    case = next(c for c in SPEC["edge_cases"] if c["op"] == "bitlinear")
+    rc, payload = lib.quantize(_vec(case["w"], F32).reshape(1, 128))
+    assert rc == ML_OK
+    rc, y = lib.matmul(payload, 1, 128, _vec(case["x"], F32).reshape(1, 128))
+    assert rc == ML_OK and y[0, 0] == case["expect"]["y"]
+
+
+def test_refusals(lib):
+    rng = np.random.default_rng(11)
+    ffi, L = lib.ffi, lib.lib
+    w = rng.standard_normal((2, 256)).astype(F32)
+    payload = i2s.payload(w)
+    x = rng.standard_normal((3, 256)).astype(F32)
+    # ml_i2s_quantize: shape, non-finite, NULL
+    for cols in (64, 130, 0):
+        assert lib.quantize(np.zeros((2, cols), F32))[0] == ML_E_ARG, cols
+    assert lib.quantize(np.zeros((0, 128), F32))[0] == ML_E_ARG
+    for bad in (np.nan, np.inf, -np.inf):
+        v = w.copy()
+        v[1, 7] = bad
+        assert lib.quantize(v)[0] == ML_E_ARG, bad
+    out = np.zeros(256, np.uint8)
+    assert L.ml_i2s_quantize(ffi.NULL, 1, 128, ffi.from_buffer(out)) == ML_E_ARG
+    assert L.ml_i2s_quantize(ffi.from_buffer(w), 1, 128, ffi.NULL) == ML_E_ARG
+    huge = (2**62, 2**61)                                                         # rows * cols overflows
+    assert L.ml_i2s_quantize(ffi.from_buffer(w), *huge, ffi.from_buffer(out)) == ML_E_ARG
+    # ml_i2s_quantize_act
+    for cols in (64, 130):
+        assert lib.quantize_rows(np.zeros((2, cols), F32))[0] == ML_E_ARG, cols
+    assert lib.quantize_rows(np.zeros((0, 128), F32))[0] == ML_E_ARG
+    v = x.copy()
+    v[2, 255] = np.nan
+    rc, q, _, _ = lib.quantize_rows(v)
+    assert rc == ML_E_ARG and not q.any(), "nothing written before the refusal"
+    assert L.ml_i2s_quantize_act(ffi.from_buffer(x), 3, 256, ffi.NULL, ffi.NULL, ffi.NULL) == ML_E_ARG
+    # ml_i2s_matmul
+    assert lib.matmul(payload, 2, 256, x)[0] == ML_OK
+    for cols in (64, 130):
+        assert lib.matmul(payload, 2, cols, np.zeros((3, cols), F32))[0] == ML_E_ARG, cols
+    assert lib.matmul(payload, 0, 256, x)[0] == ML_E_ARG
+    assert lib.matmul(payload, 2, 256, np.zeros((0, 256), F32))[0] == ML_E_ARG
+    for bad in (np.nan, np.inf):
+        v = x.copy()
+        v[1, 3] = bad
+        rc, y = lib.matmul(payload, 2, 256, v)
+        assert rc == ML_E_ARG and np.isnan(y).all(), "nothing written before the refusal"
+    y = np.zeros((3, 2), F32)
+    assert L.ml_i2s_matmul(ffi.NULL, 2, 256, ffi.from_buffer(x), 3, ffi.from_buffer(y)) == ML_E_ARG
+    assert L.ml_i2s_matmul(ffi.from_buffer(np.frombuffer(payload, np.uint8)), 2, 256, ffi.NULL, 3,
+                           ffi.from_buffer(y)) == ML_E_ARG
+    # code 3 anywhere in the packed data (not in the tail) is ML_E_FORMAT
+    n = 2 * 256 // 4
+    for pos, field in ((0, 0xC0), (n - 1, 0x03), (77, 0x30), (100, 0x0C)):
+        p = bytearray(payload)
+        p[pos] |= field                                                           # that 2-bit code := 3
+        rc, y = lib.matmul(bytes(p), 2, 256, x)
+        assert rc == ML_E_FORMAT and np.isnan(y).all(), (pos, hex(p[pos]))
+    tail = bytearray(payload)
+    tail[n + 4:] = b"\xff" * 28                                                   # the tail is not checked
+    assert lib.matmul(bytes(tail), 2, 256, x)[0] == ML_OK
+
+
+def test_bench_matvec(lib):
+    for isa in ISAS:
+        if lib.runnable(isa):
+            assert lib.lib.mlbitnet_bench_matvec(isa.encode(), 256, 1024, 1, 2) > 0, isa
+    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 1024, 2, 1) > 0              # threads
+    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 130, 1, 1) < 0
+    assert lib.lib.mlbitnet_bench_matvec(b"no-such-isa", 64, 128, 1, 1) < 0
+
+
+# ---------------------------------------------------------------- C driver: NEON under qemu, sanitizers
+def _run(cmd: list[str], data: bytes = b"", timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, input=data, capture_output=True, timeout=timeout)
+
+
+CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
+
+
+def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: list[str]) -> Path:
+    """Compile each source with its own flags (the ISA flags must not leak into the scalar twin)."""
+    objs = []
+    for src, flags in sources:
+        obj = out.parent / f"{out.name}.{src.stem}.o"
+        r = subprocess.run([cc, *CFLAGS, *flags, "-c", str(src), "-o", str(obj)], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, f"{cc} {src.name}:\n{r.stderr}"
+        objs.append(str(obj))
+    r = subprocess.run([cc, *CFLAGS, *link, "-o", str(out), *objs, "-lm"], capture_output=True, text=True)
+    assert r.returncode == 0, f"{cc} link:\n{r.stderr}"
+    return out
+
+
+def driver_sources(simd: tuple[Path, list[str]], extra: list[str]) -> list[tuple[Path, list[str]]]:
+    common = [BITNET / "tests" / "i2s_main.c", SRC / "i2s_scalar.c", SRC / "dispatch.c", SRC / "i2s_api.c"]
+    return [(p, extra) for p in common] + [(simd[0], [*extra, *simd[1]])]
+
+
+@pytest.fixture(scope="module")
+def neon_driver(tmp_path_factory) -> list[str]:
+    """The aarch64 driver and the command prefix that runs it: qemu-aarch64 -cpu max elsewhere."""
+    srcs = driver_sources((SRC / "i2s_neon.c", []), [])
+    if ARM:
+        return [str(_compile("gcc", tmp_path_factory.mktemp("neon") / "i2s_main", srcs, []))]
+    missing = [t for t in ("aarch64-linux-gnu-gcc", "qemu-aarch64") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"NEON I2_S kernels untested: {', '.join(missing)} not found "
+                    "(apt-get install gcc-aarch64-linux-gnu qemu-user)")
+    exe = _compile("aarch64-linux-gnu-gcc", tmp_path_factory.mktemp("neon") / "i2s_main", srcs, ["-static"])
+    return ["qemu-aarch64", "-cpu", "max", str(exe)]
+
+
+@pytest.fixture(scope="module")
+def sanitized_driver(tmp_path_factory) -> list[str]:
+    """The same driver built natively with AddressSanitizer + UBSan (x86-64: the AVX2 table)."""
+    if not X86:
+        pytest.skip("the sanitized driver build is for x86-64 (aarch64 runs the plain build natively)")
+    san = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+           "-fno-omit-frame-pointer"]
+    srcs = driver_sources((SRC / "i2s_avx2.c", ["-mavx2", "-mfma", "-mf16c"]), san)
+    return [str(_compile("gcc", tmp_path_factory.mktemp("san") / "i2s_main", srcs, san))]
+
+
+def _tables(driver: list[str]) -> list[str]:
+    return ["scalar", "neon"] if "qemu-aarch64" in driver[0] or ARM else ["scalar", "avx2"]
+
+
+def _call(driver: list[str], isa: str, op: str, args: list[int], data: bytes) -> bytes:
+    r = _run([*driver, isa, op, *map(str, args)], data)
+    if r.returncode == 3 and b"not runnable" in r.stderr:
+        pytest.skip(f"{isa} is not runnable here")
+    assert r.returncode == 0, f"{isa} {op} {args}: exit {r.returncode}\n{r.stderr.decode()}"
+    return r.stdout
+
+
+def check_driver(driver: list[str]) -> None:
+    """Every kernel and API op of the driver's tables against the reference, bit for bit."""
+    simd = _tables(driver)[1]
+    r = _run([*driver, simd, "selftest", "0"])
+    runnable = not (r.returncode == 3 and b"not runnable" in r.stderr)   # e.g. an x86-64 without AVX2
+    for isa in ["scalar", simd] if runnable else ["scalar"]:
+        r = _run([*driver, isa, "selftest", "200"])
+        assert r.returncode == 0 and r.stdout.rstrip().endswith(b" 0 mismatches"), r.stdout + r.stderr
+        want = simd if runnable else "scalar"
+        assert f"automatic choice: {want}\n".encode() in r.stdout, r.stdout
+        # quantize_act on rows of each length
+        rows = activation_rows(12)
+        for n in sorted({r.size for r in rows}):
+            x = np.stack([r for r in rows if r.size == n])
+            out = np.frombuffer(_call(driver, isa, "quantize_act", [n], x.tobytes()), np.uint8)
+            out = out.reshape(len(x), n + 8)
+            wq, ws = i2s.quantize_activations(x)
+            np.testing.assert_array_equal(out[:, :n].view(np.int8), wq, err_msg=f"{isa} quantize_act n {n}")
+            np.testing.assert_array_equal(out[:, n:n + 4].copy().view(np.uint32)[:, 0], ws.view(np.uint32),
+                                          err_msg=f"{isa} quantize_act scale n {n}")
+            np.testing.assert_array_equal(out[:, n + 4:].copy().view(np.int32)[:, 0],
+                                          wq.astype(np.int32).sum(axis=1))
+        # dots
+        for n, w, x in dot_inputs(13):
+            row0 = w[:n // 4]
+            want = np.stack([ref_int(row0, 1, n, x[t])[0] for t in range(4)])
+            got = np.frombuffer(_call(driver, isa, "dot", [n], row0.tobytes() + x[0].tobytes()), np.int32)
+            assert got[0] == want[0], f"{isa} dot n {n}"
+            got = np.frombuffer(_call(driver, isa, "dot4", [n], row0.tobytes() + x.tobytes()), np.int32)
+            np.testing.assert_array_equal(got, want, err_msg=f"{isa} dot4 n {n}")
+            got = np.frombuffer(_call(driver, isa, "dot_rows4", [n], w.tobytes() + x[1].tobytes()), np.int32)
+            np.testing.assert_array_equal(got, ref_int(w, 4, n, x[1]), err_msg=f"{isa} dot_rows4 n {n}")
+        # API: payloads and the matmul
+        for w in weight_tensors(14):
+            got = _call(driver, isa, "quantize", list(w.shape), w.tobytes())
+            assert got == i2s.payload(w), f"{isa} quantize {w.shape}"
+        for w, x in matmul_cases(15):
+            payload = i2s.payload(w)
+            got = np.frombuffer(_call(driver, isa, "matmul", [*w.shape, len(x)], payload + x.tobytes()), F32)
+            want = i2s.bitlinear(x, payload, w.shape)
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32).ravel(),
+                                          err_msg=f"{isa} matmul {w.shape} n {len(x)}")
+        bad = bytearray(i2s.payload(np.ones((1, 128), F32)))
+        bad[5] = 0xFF
+        r = _run([*driver, isa, "matmul", "1", "128", "1"], bytes(bad) + np.ones(128, F32).tobytes())
+        assert r.returncode == 10 + ML_E_FORMAT and not r.stdout, r.stderr
+
+
+def test_neon_under_qemu(neon_driver):
+    check_driver(neon_driver)
+
+
+def test_sanitized_driver(sanitized_driver):
+    check_driver(sanitized_driver)

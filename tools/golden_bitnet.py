@@ -1,0 +1,316 @@
+"""BitNet goldens from independent oracles: a PyTorch BitLinear model and bitnet.cpp's packing loop.
+
+    python tools/golden_bitnet.py            every case of CASES
+    python tools/golden_bitnet.py NAME ...   some of them
+
+Embedding cases (qwen3_i2s, gemma3_i2s, qwen3_f16): build a tiny seeded BitNet embedding
+checkpoint (tools/bitnet_models.py, hidden_size 128 so every projection is I2_S-packable),
+convert it with tools/convert_bitnet.py, and run the oracle: transformers' Qwen3Model /
+Gemma3TextModel with every attention and MLP nn.Linear replaced by a BitLinear written here
+from seed 004 (RMSNorm(x, <proj>.norm.weight) -> per-row int8 activations, half away from zero
+-> per-tensor ternary weights -> matmul -> rescale), on the weights as the GGUF stores them
+(``as_stored``). Writes golden/bitnet/NAME.gguf and golden/bitnet/NAME.npz:
+
+  tokens_0, tokens_1, tokens_2   int32 (1,), (5,), (12,)   (12 > Gemma's sliding window 8)
+  {pooling}_{i}                  float32 (dim,)  pooled last hidden state, pooling mean/cls/last
+  {pooling}_norm_{i}             float32 (dim,)  the same, torch.nn.functional.normalize'd
+
+Packing case (i2s_edge): golden/bitnet/i2s_edge.npz holds, per tensor NAME, ``w_NAME`` (float32
+(rows, cols)) and ``payload_NAME`` (uint8, rows * cols / 4 + 32): the I2_S bytes of an
+independent transcription of BitNet's converter (weight_quant, in torch) followed by bitnet.cpp's
+quantize_i2_s x86 loop (plain Python, its loop order), for the ternarize edge cases of
+specs/i2s.yaml and three seeded random tensors. ``names`` lists the tensor names.
+
+Nothing here imports backends/ or the harness; torch, transformers and gguf are imported inside
+the functions (the ``oracle`` extra). Re-derived and compared by tests/test_golden_bitnet.py
+(pytest -m oracle).
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import tempfile
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from mlconf.golden import GOLDEN_DIR
+from mlconf.tools import bitnet_models, golden
+
+SEED = 7
+LENGTHS = (1, 5, 12)          # 12 exceeds Gemma 3's sliding window (8)
+POOLINGS = ("mean", "cls", "last")
+OUT = GOLDEN_DIR / "bitnet"
+# name -> (bitnet_models flavor, convert outtype, sentence-transformers pooling, config overrides).
+# An f16 layer of hidden 128 is at least ~180 KB (every projection has 128 or more columns), so
+# qwen3_f16 has one layer, one KV head (GQA 4:1) and a smaller vocabulary (~220 KB in all);
+# the I2_S cases keep two layers (Gemma 3: one sliding, one full) and stay under 150 KB.
+CASES: dict[str, tuple[str, str, str, dict]] = {
+    "qwen3_i2s": ("qwen3", "i2_s", "lasttoken", {}),
+    "gemma3_i2s": ("gemma3_text", "i2_s", "mean", {}),
+    "qwen3_f16": ("qwen3", "f16", "lasttoken", {"num_hidden_layers": 1, "num_key_value_heads": 1,
+                                                "vocab_size": 128}),
+}
+EDGE = "i2s_edge"
+NAMES = [*CASES, EDGE]
+# seeded random tensors of the packing golden: name -> (rows, cols, seed)
+RANDOM_TENSORS = {"random_2x128": (2, 128, 1), "random_3x256": (3, 256, 2), "random_4x384": (4, 384, 3)}
+
+
+# ---------------------------------------------------------------- the BitLinear oracle
+@cache
+def _bitlinear_class():
+    import torch
+
+    class BitLinear(torch.nn.Module):
+        """Seed 004's BitLinear: RMSNorm with the projection's own weight, then (quant) per-row int8
+        activations (127 / max|x|, C round: half away from zero) and the per-tensor ternary
+        weight (1 / mean|w|, torch.round, clamp to [-1, 1]); the integer product is rescaled."""
+
+        def __init__(self, d_in: int, d_out: int, eps: float, quant: bool):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(d_out, d_in))
+            self.norm = torch.nn.Module()
+            self.norm.weight = torch.nn.Parameter(torch.ones(d_in))
+            self.eps, self.quant = eps, quant
+
+        def forward(self, x):
+            x = x.float()
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.weight
+            w = self.weight
+            if not self.quant:
+                return x @ w.T
+            a = 127.0 / x.abs().amax(-1, keepdim=True).clamp(min=1e-5)
+            t = (x * a).double()   # |t| + 0.5 exact in float64: C round() without a float32 double rounding
+            xq = (torch.sign(t) * torch.floor(t.abs() + 0.5)).clamp(-128, 127).float()
+            sw = 1.0 / w.abs().mean().clamp(min=1e-5)
+            wq = torch.round(w * sw).clamp(-1, 1)
+            return (xq @ wq.T) / a / sw
+
+    return BitLinear
+
+
+def as_stored(sd: dict, gemma: bool, outtype: str) -> dict:
+    """The checkpoint as the GGUF stores it: f16 rounding of every tensor (f16) or of all but
+    the linear weights (i2_s; those are ternarized from the f32 latent weights). Gemma's
+    one-centred norms are stored as f16(1 + w): w' = that - 1 (exact in f32) so HF's 1 + w'
+    reproduces it."""
+    if outtype == "f32":
+        return sd
+    out = {}
+    for k, v in sd.items():
+        if v.ndim == 2 and k.startswith("layers.") and outtype == "i2_s":
+            out[k] = v
+        elif gemma and v.ndim == 1 and not k.endswith("_proj.norm.weight"):
+            out[k] = (1.0 + v).half().float() - 1.0
+        else:
+            out[k] = v.half().float()
+    return out
+
+
+def oracle_model(folder: str | Path, outtype: str = "f32", quant: bool = True):
+    """transformers' model of the checkpoint folder with BitLinear projections, float32, eval."""
+    import transformers
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg = transformers.AutoConfig.from_pretrained(folder)
+    cfg._attn_implementation = "eager"
+    cls = transformers.Qwen3Model if cfg.model_type == "qwen3" else transformers.Gemma3TextModel
+    model = cls(cfg).float().eval()
+    bitlinear = _bitlinear_class()
+    for layer in model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for nm in names:
+                old = getattr(parent, nm)
+                setattr(parent, nm, bitlinear(old.in_features, old.out_features, cfg.rms_norm_eps, quant))
+    sd = as_stored(load_file(str(folder / "model.safetensors")), cfg.model_type != "qwen3", outtype)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected or not all("inv_freq" in k for k in missing):
+        raise RuntimeError(f"{folder}: state dict mismatch: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def oracle_hidden(folder: str | Path, outtype: str, tokens, quant: bool = True, model=None) -> np.ndarray:
+    """The oracle's last hidden state (n, dim) float32 of the token ids (pass ``model`` to reuse one)."""
+    import torch
+
+    model = model if model is not None else oracle_model(folder, outtype, quant)
+    ids = torch.as_tensor(np.asarray(tokens, dtype=np.int64).reshape(1, -1))
+    with torch.no_grad():
+        return model(input_ids=ids).last_hidden_state[0].float().numpy().copy()
+
+
+def pool(h: np.ndarray, pooling: str, normalize: bool = False) -> np.ndarray:
+    """mean over tokens, cls = token 0, last = the final token; normalize: L2 (F.normalize)."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(h, dtype=np.float32))
+    v = {"mean": lambda: t.mean(0), "cls": lambda: t[0], "last": lambda: t[-1]}[pooling]()
+    if normalize:
+        v = torch.nn.functional.normalize(v, dim=0)
+    return v.numpy().astype(np.float32).copy()
+
+
+def tokens_for(name: str, vocab: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(SEED + sorted(CASES).index(name))
+    return [rng.integers(3, vocab, n).astype(np.int32) for n in LENGTHS]
+
+
+def derive_embeddings(name: str, out_dir: Path) -> tuple[Path, Path]:
+    """Write NAME.gguf and NAME.npz into out_dir; returns their paths."""
+    from mlconf.tools.convert_bitnet import convert
+
+    flavor, outtype, pooling, overrides = CASES[name]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gguf_path, npz = out_dir / f"{name}.gguf", out_dir / f"{name}.npz"
+    with tempfile.TemporaryDirectory(prefix="mlconf-golden-") as tmp:
+        ck = bitnet_models.build(flavor, Path(tmp) / "ckpt", seed=SEED, pooling=pooling,
+                                 hidden_size=128, **overrides)
+        vocab = bitnet_models.config(flavor, hidden_size=128, **overrides).vocab_size
+        tmp_gguf = Path(tmp) / "model.gguf"
+        convert(ck, tmp_gguf, outtype)
+        model = oracle_model(ck, outtype)
+        arrays: dict[str, np.ndarray] = {}
+        seqs = tokens_for(name, vocab)
+        for i, toks in enumerate(seqs):
+            arrays[f"tokens_{i}"] = toks
+        for i, toks in enumerate(seqs):
+            h = oracle_hidden(ck, outtype, toks, model=model)
+            for p in POOLINGS:
+                arrays[f"{p}_{i}"] = pool(h, p)
+                arrays[f"{p}_norm_{i}"] = pool(h, p, normalize=True)
+        _replace(tmp_gguf, gguf_path)
+    golden.write_npz(npz, arrays)
+    return gguf_path, npz
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """Copy src to dst through a temporary file in dst's folder and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=dst.name, suffix=".tmp")
+    try:
+        with open(fd, "wb") as f:
+            f.write(src.read_bytes())
+        Path(tmp).chmod(0o644)
+        Path(tmp).replace(dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------- the packing oracle
+def converter_weight_quant(w: np.ndarray) -> np.ndarray:
+    """BitNet's converter (weight_quant) in torch: s = 1 / mean|w| (clamp 1e-5), q = round(w * s)
+    clamped to [-1, 1], returned fake-quantized as q / s in float32. The mean is taken as
+    specs/i2s.yaml states it (float64 sum, one rounding to float32); the seeded tensors below are
+    ones where torch's float32 mean gives the same value (checked in edge_tensors)."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    m = torch.tensor(float(t.double().abs().mean()), dtype=torch.float32).clamp(min=1e-5)
+    s = 1.0 / m
+    return (torch.round(t * s).clamp(-1, 1) / s).numpy()
+
+
+def quantize_i2_s(src: np.ndarray) -> bytes:
+    """bitnet.cpp's quantize_i2_s (src/ggml-bitnet-mad.cpp, x86 branch, QK_I2_S = 128), one line
+    of C per line here: the scale is max |src| in double, each element's code is 1 when
+    |src| < 1e-6, else 2 when src * scale > 0, else 0; codes are OR-ed into 32-byte blocks,
+    element j of a block at byte j % 32, shift 6 - 2 * (j / 32); the float scale follows the
+    n / 4 packed bytes, then padding to 32 bytes."""
+    flat = [float(v) for v in np.asarray(src, dtype=np.float32).reshape(-1)]
+    n = len(flat)
+    qk = 128
+    mx = 0.0
+    for v in flat:
+        mx = max(mx, abs(v))
+    i2_scale = mx
+    q8 = [0] * n
+    for i in range(n):
+        if abs(flat[i]) < 1e-6:
+            q8[i] = 1
+            continue
+        q8[i] = 2 if flat[i] * i2_scale > 0 else 0
+    dst = bytearray(n // 4)
+    for i in range(n // qk):
+        for j in range(qk):
+            group_idx = j // 32
+            group_pos = j % 32
+            temp = (q8[i * qk + j] << (6 - 2 * group_idx)) & 0xFF
+            dst[i * 32 + group_pos] |= temp
+    return bytes(dst) + struct.pack("<f", i2_scale) + bytes(28)
+
+
+def edge_tensors() -> dict[str, np.ndarray]:
+    """The ternarize edge cases of specs/i2s.yaml (one 128-value row each) and seeded random ones."""
+    import torch
+
+    from mlconf import specs
+
+    out: dict[str, np.ndarray] = {}
+    for case in specs.load("i2s")["edge_cases"]:
+        if case["op"] != "ternarize":
+            continue
+        spec = case["w"]
+        w = np.full((1, 128), float(spec["fill"]), dtype=np.float32)
+        for k, v in spec.get("at", {}).items():
+            w[0, int(k)] = float.fromhex(v) if isinstance(v, str) else float(v)
+        out[case["name"]] = w
+    for name, (rows, cols, seed) in RANDOM_TENSORS.items():
+        # on a grid of 2^-12 (|w| < 1): every partial sum is exact in float32, so torch's float32
+        # mean (BitNet's converter) and the spec's float64 mean agree whatever the summation order
+        w = np.round(np.random.default_rng(SEED + seed).standard_normal((rows, cols)) * 0.05 * 4096) / 4096
+        w = w.astype(np.float32)
+        t = torch.from_numpy(w)
+        if float(t.abs().mean()) != float(np.float32(np.abs(w.astype(np.float64)).mean())):
+            raise RuntimeError(f"{name}: torch's float32 mean differs from the spec's; pick another seed")
+        out[name] = w
+    return out
+
+
+def derive_edge(out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = edge_tensors()
+    arrays: dict[str, np.ndarray] = {"names": np.array(list(tensors))}
+    for name, w in tensors.items():
+        arrays[f"w_{name}"] = w
+        arrays[f"payload_{name}"] = np.frombuffer(quantize_i2_s(converter_weight_quant(w)), dtype=np.uint8)
+    path = out_dir / f"{EDGE}.npz"
+    golden.write_npz(path, arrays)
+    return path
+
+
+# ---------------------------------------------------------------- command line
+def oracle_version(name: str) -> tuple[str, str]:
+    """(oracle distribution, version[+package-version...]) of a case's MANIFEST rows."""
+    v = lambda p: metadata.version(p).split("+")[0]  # noqa: E731
+    if name == EDGE:
+        return "torch", v("torch")
+    return "transformers", (f"{v('transformers')}+torch-{v('torch')}+tokenizers-{v('tokenizers')}"
+                            f"+gguf-{v('gguf')}")
+
+
+def derive(name: str, out_dir: Path) -> list[Path]:
+    return [derive_edge(out_dir)] if name == EDGE else list(derive_embeddings(name, out_dir))
+
+
+def generate(names: list[str], out_dir: Path = OUT) -> list[Path]:
+    written = []
+    for name in names:
+        oracle, version = oracle_version(name)
+        written += golden.generate_cases([name], Path(out_dir), OUT, derive, oracle, version,
+                                         "tools/golden_bitnet.py")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    return golden.cases_main(argv, __doc__, dict.fromkeys(NAMES), OUT, generate, "golden_bitnet.py",
+                             "pip install 'mlconf[oracle]'")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
