@@ -40,7 +40,9 @@
 #define LIMIT_HEADS 4096
 #define LIMIT_LAYERS 4096
 #define LIMIT_VOCAB (1 << 24)
-#define TOKEN_CHUNK 64        /* tokens per pass over a range of weight rows (a multiple of 4) */
+#define TOKEN_CHUNK 8         /* tokens per pass over a range of weight rows (a multiple of 4): 8 rows of int8
+                               * activations (8 x 3072 bytes at most here) stay in L1 while the weight rows
+                               * stream past; 64 went to L2 and was 9% slower on the 0.6B bench */
 
 /* ---------------------------------------------------------------- model */
 enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, N_PROJ };
