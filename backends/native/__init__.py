@@ -56,6 +56,18 @@ def _int32(v: int, what: str) -> int:
     return v
 
 
+def _tokens32(tokens) -> np.ndarray:
+    """Token ids as the ABI's int32_t array (InputError for what does not fit); unchanged values."""
+    t = np.asarray(tokens)
+    if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
+        raise InputError(f"tokens must be a 1-D integer array, got {t.dtype}{list(t.shape)}")
+    if t.size and (t.min() < INT32[0] or t.max() > INT32[1]):
+        raise InputError("a token id does not fit the ABI's int32_t")
+    if t.size > INT32[1]:
+        raise InputError(f"{t.size} tokens do not fit the ABI's int32_t count")
+    return t
+
+
 class LibraryBackend:
     """A library with the mlrt.h ABI, run in a worker process. ``timeout`` (seconds per call) may
     be changed at any time; ``threads`` is given to ml_load (0: the number of cores). ``worker_class``:
@@ -333,11 +345,7 @@ class ModelSession(_Handle):
 
     def forward(self, tokens: np.ndarray, pos: int) -> np.ndarray:
         self._live()
-        t = np.asarray(tokens)
-        if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
-            raise InputError(f"tokens must be a 1-D integer array, got {t.dtype}{list(t.shape)}")
-        if t.size and (t.min() < INT32[0] or t.max() > INT32[1]):
-            raise InputError("a token id does not fit the ABI's int32_t")
+        t = _tokens32(tokens)
         pos = _int32(pos, "pos")
         st, logits = self.backend._call(f"forward({self.path!r}, tokens[{t.size}], pos={pos})", "forward",
                                         self.handle, t.astype(np.int32), pos)
@@ -391,13 +399,7 @@ class EmbedderSession(_Handle):
 
     def embed(self, tokens: np.ndarray, pooling: str | None = None, normalize: bool = False) -> np.ndarray:
         self._live()
-        t = np.asarray(tokens)
-        if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
-            raise InputError(f"tokens must be a 1-D integer array, got {t.dtype}{list(t.shape)}")
-        if t.size and (t.min() < INT32[0] or t.max() > INT32[1]):
-            raise InputError("a token id does not fit the ABI's int32_t")
-        if t.size > INT32[1]:
-            raise InputError(f"{t.size} tokens do not fit the ABI's int32_t count")
+        t = _tokens32(tokens)
         if pooling not in POOLING_CODES:
             raise InputError(f"pooling {pooling!r} is not one of {tuple(POOLING_CODES)}")
         st, out = self.backend._call(f"embed({self.path!r}, tokens[{t.size}], {pooling}, normalize="
