@@ -528,13 +528,15 @@ def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: li
                            text=True)
         assert r.returncode == 0, f"{cc} {src.name}:\n{r.stderr}"
         objs.append(str(obj))
-    r = subprocess.run([cc, *CFLAGS, *link, "-o", str(out), *objs, "-lm"], capture_output=True, text=True)
+    r = subprocess.run([cc, *CFLAGS, *link, "-o", str(out), *objs, "-lm", "-lpthread"], capture_output=True,
+                       text=True)
     assert r.returncode == 0, f"{cc} link:\n{r.stderr}"
     return out
 
 
 def driver_sources(simd: tuple[Path, list[str]], extra: list[str]) -> list[tuple[Path, list[str]]]:
-    common = [BITNET / "tests" / "i2s_main.c", SRC / "i2s_scalar.c", SRC / "dispatch.c", SRC / "i2s_api.c"]
+    common = [BITNET / "tests" / "i2s_main.c", SRC / "i2s_scalar.c", SRC / "dispatch.c", SRC / "i2s_api.c",
+              SRC / "embed.c", SRC / "gguf.c", NATIVE / "src" / "pool.c", NATIVE / "src" / "f16.c"]
     return [(p, extra) for p in common] + [(simd[0], [*extra, *simd[1]])]
 
 
@@ -629,3 +631,47 @@ def test_neon_under_qemu(neon_driver):
 
 def test_sanitized_driver(sanitized_driver):
     check_driver(sanitized_driver)
+
+
+# ---------------------------------------------------------------- the embedding path on the driver's tables
+GOLDEN_GGUFS = sorted((ROOT / "golden" / "bitnet").glob("*.gguf"))
+
+
+def _embed_cases():
+    for path in GOLDEN_GGUFS:
+        toks = np.load(path.with_suffix(".npz"))
+        for i in (1, 2):
+            for pooling, code in (("mean", 1), ("cls", 2), ("last", 3)):
+                yield path, toks[f"tokens_{i}"].astype(np.int32), pooling, code
+
+
+def check_embed(driver: list[str]) -> None:
+    """The whole embedding path (GGUF loader, forward, I2_S kernels) of the driver's build — on
+    x86 hosts the aarch64 build with the neon and scalar tables under qemu, or the sanitized
+    build — gives the same bits as the library on this machine: the kernels are bit-exact and the
+    float code is the same C (no FMA contraction under -std=c11), so a difference is a bug."""
+    from mlconf.backends.bitnet import bitnet_backend
+
+    assert GOLDEN_GGUFS, "golden/bitnet has no GGUF"
+    here = bitnet_backend("bitnet")
+    try:
+        for path, toks, pooling, code in _embed_cases():
+            s = here.open_embedder(str(path))
+            want = s.embed(toks, pooling, False)
+            s.close()
+            for isa in _tables(driver):
+                r = _run([*driver, isa, "embed", str(path), str(code), "0"], toks.tobytes())
+                assert r.returncode == 0, f"{isa} embed {path.name}: exit {r.returncode}\n{r.stderr.decode()}"
+                got = np.frombuffer(r.stdout, F32)
+                np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
+                                              err_msg=f"{isa} {path.name} {len(toks)} tokens {pooling}")
+    finally:
+        here.close()
+
+
+def test_embed_under_qemu_matches_this_machine(neon_driver):
+    check_embed(neon_driver)
+
+
+def test_embed_sanitized_matches_this_machine(sanitized_driver):
+    check_embed(sanitized_driver)

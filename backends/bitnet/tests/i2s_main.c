@@ -1,8 +1,8 @@
 /* i2s_main.c: standalone driver of the I2_S kernel tables and API (backends/bitnet/src), for the
  * checks that cannot load the shared library: the NEON table, cross-compiled for aarch64 (-static)
  * and run under qemu-aarch64, and sanitizer builds (tests/test_bitnet_kernels.py). Builds on
- * x86-64 too (with i2s_avx2.c). Sources: this file, i2s_scalar.c, dispatch.c, i2s_api.c and the
- * machine's SIMD file.
+ * x86-64 too (with i2s_avx2.c). Sources: this file, every backends/bitnet/src file but bench.c and
+ * testhooks.c (with the machine's SIMD file), and the native runtime's pool.c and f16.c.
  *
  *   i2s_main ISA quantize_act N      stdin: rows of N float32; stdout per row: int8 q[N], float32
  *                                    scale, int32 sum
@@ -11,10 +11,13 @@
  *   i2s_main ISA dot_rows4 N         stdin: records of packed[4][N/4] + int8 x[N]; stdout: int32[4]
  *   i2s_main ISA quantize ROWS COLS  stdin: float32 w[ROWS*COLS]; stdout: the payload
  *   i2s_main ISA matmul ROWS COLS N  stdin: payload + float32 x[N*COLS]; stdout: float32 y[N*ROWS]
+ *   i2s_main ISA embed PATH POOL NORM  stdin: int32 tokens; stdout: float32 embedding[dim] of the
+ *                                    GGUF at PATH (ml_embed_load with 1 thread, ml_embed with
+ *                                    pooling POOL (-1, 1, 2, 3) and normalize NORM)
  *   i2s_main ISA selftest ROUNDS     every op of table ISA against the scalar twin on random and
  *                                    edge inputs generated here; prints the automatic choice
  *                                    (ml_isa) and "ISA: ... 0 mismatches"
- * The kernel ops run table ISA directly; the API ops (quantize, matmul) first ml_set_isa(ISA).
+ * The kernel ops run table ISA directly; the API ops (quantize, matmul, embed) first ml_set_isa(ISA).
  * Exit status: 0 on success, 2 usage or I/O, 3 ISA not runnable here ("not runnable" on stderr),
  * 10 + the ML_E_* status an API call returned, 1 a selftest mismatch. All data little endian.
  */
@@ -128,6 +131,32 @@ static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
 }
 
 /* ------------------------------------------------------------------ main */
+/* ------------------------------------------------------------------ embed */
+static int embed(const char *isa, const char *path, int pooling, int normalize) {
+    if (ml_set_isa(isa) != ML_OK) return 2;
+    size_t len;
+    uint8_t *in = read_all(&len);
+    if (in == NULL || len % 4) return 2;
+    int32_t *tokens = malloc(len + 4); /* aligned copy */
+    memcpy(tokens, in, len);
+    free(in);
+    char reason[512];
+    ml_embedder *e = NULL;
+    int rc = ml_embed_load(path, 1, &e, reason, sizeof reason);
+    if (rc != ML_OK) {
+        fprintf(stderr, "%s\n", reason);
+        free(tokens);
+        return 10 + rc;
+    }
+    float *out = malloc(sizeof(float) * (size_t)ml_embed_dim(e));
+    rc = ml_embed(e, tokens, (int32_t)(len / 4), pooling, normalize, out);
+    int ok = rc == ML_OK && put(out, sizeof(float) * (size_t)ml_embed_dim(e));
+    free(out);
+    free(tokens);
+    ml_embed_free(e);
+    return rc != ML_OK ? 10 + rc : ok ? 0 : 2;
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: %s ISA OP N... (see the file comment)\n", argv[0]);
@@ -139,6 +168,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: not runnable here\n", isa);
         return 3;
     }
+    if (!strcmp(op, "embed")) return embed(isa, argv[3], argc > 4 ? atoi(argv[4]) : -1, argc > 5 ? atoi(argv[5]) : 0);
     long a1 = atol(argv[3]), a2 = argc > 4 ? atol(argv[4]) : 0, a3 = argc > 5 ? atol(argv[5]) : 0;
     if (!strcmp(op, "selftest")) {
         long checks = 0, bad = selftest(t, (int)a1, &checks);
