@@ -51,7 +51,7 @@ F32_MAX = float.fromhex("0x1.fffffep+127")
 SPEC = specs.load("i2s")
 CDEF = """
 int mlbitnet_test_kernel(const char *isa, const char *op, int n, const void *a, const void *b, void *out);
-double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int threads, int iters);
+double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int threads, int iters, int cold);
 const char *ml_isa(void);
 int ml_set_isa(const char *isa);
 int ml_i2s_quantize(const void *w, size_t rows, size_t cols, void *payload);
@@ -505,10 +505,11 @@ def test_refusals(lib):
 def test_bench_matvec(lib):
     for isa in ISAS:
         if lib.runnable(isa):
-            assert lib.lib.mlbitnet_bench_matvec(isa.encode(), 256, 1024, 1, 2) > 0, isa
-    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 1024, 2, 1) > 0              # threads
-    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 130, 1, 1) < 0
-    assert lib.lib.mlbitnet_bench_matvec(b"no-such-isa", 64, 128, 1, 1) < 0
+            assert lib.lib.mlbitnet_bench_matvec(isa.encode(), 256, 1024, 1, 2, 0) > 0, isa
+    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 1024, 2, 1, 0) > 0              # threads
+    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 1024, 2, 1, 1) > 0              # cold
+    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 130, 1, 1, 0) < 0
+    assert lib.lib.mlbitnet_bench_matvec(b"no-such-isa", 64, 128, 1, 1, 0) < 0
 
 
 # ---------------------------------------------------------------- C driver: NEON under qemu, sanitizers

@@ -111,11 +111,15 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
     const size_t rs = (size_t)(n / 4);
     int32x4_t acc[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
     int8x16_t c[8];
-    for (int b = 0; b < n / I2S_BLOCK; b++)
+    for (int b = 0; b < n / I2S_BLOCK; b++) {
+        /* the next four rows, two lines ahead per block, as the AVX2 twin (a hint: never faults) */
+        __builtin_prefetch(w + 4 * rs + 128 * (size_t)b);
+        __builtin_prefetch(w + 4 * rs + 128 * (size_t)b + 64);
         for (int t = 0; t < 4; t++) {
             unpack(w + (size_t)t * rs + (size_t)b * I2S_BLOCK_BYTES, c);
             acc[t] = block(acc[t], c, x + (size_t)b * I2S_BLOCK);
         }
+    }
     for (int t = 0; t < 4; t++) out[t] = vaddvq_s32(acc[t]);
 }
 
