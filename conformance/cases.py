@@ -353,63 +353,21 @@ def bitnet_cases() -> list[Case]:
     return _i2s_spec_cases() + _i2s_golden_cases() + _i2s_random_cases() + _embed_cases()
 
 
-# ---------------------------------------------------------------- GGUF reading (no gguf-py: it is an extra)
-GGUF_F32, GGUF_F16, GGUF_I2_S = 0, 1, 36
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-                 12: "<d"}
+# ---------------------------------------------------------------- GGUF tensor infos (gguf-py)
+GGUF_F32, GGUF_F16, GGUF_I2_S = 0, 1, 36   # GGML type ids
 
 
 def gguf_tensors(path) -> list[dict]:
-    """The tensor infos of a GGUF v2/v3 file: name, shape (GGUF order), type, offset (absolute),
-    nbytes (F32, F16 and I2_S; None for other types)."""
-    import struct
-    with open(path, "rb") as f:
-        buf = f.read()
-    pos = 0
+    """The tensor infos of a GGUF file, read with gguf-py (I2_S registered in memory): name, shape
+    (GGUF order), type id, absolute offset and byte size (I2_S: packed bytes + the 32-byte tail)."""
+    import gguf
 
-    def take(fmt: str):
-        nonlocal pos
-        v = struct.unpack_from(fmt, buf, pos)
-        pos += struct.calcsize(fmt)
-        return v[0]
-
-    def string() -> str:
-        nonlocal pos
-        n = take("<Q")
-        pos += n
-        return buf[pos - n:pos].decode("utf-8", "replace")
-
-    def value(t: int):
-        if t == 8:
-            return string()
-        if t == 9:
-            et, n = take("<I"), take("<Q")
-            return [value(et) for _ in range(n)]
-        return take(_GGUF_SCALARS[t])
-
-    if buf[:4] != b"GGUF":
-        raise ValueError(f"{path}: not a GGUF file")
-    pos = 4
-    take("<I")
-    n_tensors, n_kv = take("<Q"), take("<Q")
-    align = 32
-    for _ in range(n_kv):
-        key = string()
-        v = value(take("<I"))
-        if key == "general.alignment":
-            align = int(v)
-    infos = []
-    for _ in range(n_tensors):
-        name = string()
-        shape = [take("<Q") for _ in range(take("<I"))]
-        ttype, off = take("<I"), take("<Q")
-        infos.append({"name": name, "shape": shape, "type": ttype, "offset": off})
-    start = -(-pos // align) * align
-    for t in infos:
-        t["offset"] += start
-        n = int(np.prod(t["shape"]))
-        t["nbytes"] = {GGUF_F32: 4 * n, GGUF_F16: 2 * n, GGUF_I2_S: n // 4 + I2S_TAIL}.get(t["type"])
-    return infos
+    from mlconf.tools.convert_bitnet import register_i2s
+    register_i2s()
+    return [{"name": t.name, "shape": [int(d) for d in t.shape], "type": int(t.tensor_type),
+             "offset": int(t.data_offset),
+             "nbytes": int(t.n_bytes) + (I2S_TAIL if int(t.tensor_type) == GGUF_I2_S else 0)}
+            for t in gguf.GGUFReader(str(path)).tensors]
 
 
 def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | None = None) -> list[Case]:

@@ -107,9 +107,6 @@ class Embedder:
         try:
             self.model = bitnet.load_gguf(path)
             emb = self.model.tensors["token_embd.weight"]
-        except ImportError as e:   # gguf-py is an optional dependency (the extras oracle, bench)
-            raise Unsupported(f"the reference reads GGUF with gguf-py, which is not installed ({e}); "
-                              "pip install 'mlconf[oracle]'") from None
         except bitnet.BitnetError as e:
             raise InputError(str(e) if self.path in str(e) else f"{self.path}: {e}") from None
         except OSError as e:
@@ -135,9 +132,6 @@ class Embedder:
             raise InputError(f"pooling {pooling!r} is not one of {POOLINGS}")
         try:
             return bitnet.embed(self.model, t, pooling, bool(normalize), float_mode=self.float_mode)
-        except ImportError as e:   # gguf-py is an optional dependency (the extras oracle, bench)
-            raise Unsupported(f"the reference reads GGUF with gguf-py, which is not installed ({e}); "
-                              "pip install 'mlconf[oracle]'") from None
         except bitnet.BitnetError as e:
             raise InputError(str(e)) from None
 
