@@ -1,7 +1,13 @@
 """The `mlconf` command line.
 
-Exit codes: 0 success; 1 a usage or input error (the message names the file and the rule), or a
-`run` with a failing case; 2 `mlconf load` on a file the backend rejects.
+Exit codes: 0 success; 1 a usage or input error (the message names the file and the rule), a
+`run` with a failing case (fail, error, crash, timeout; with --strict also unsupported), or a `diff`
+that finds a regression; 2 `mlconf load` on a file the backend rejects.
+
+`mlconf run --timeout S` sets the per-call timeout of the worker process of each worker-backed
+backend (native, bitnet, lib:PATH: the ``timeout`` attribute); a backend that runs in-process (the
+reference) has no time limit, as a Python call cannot be interrupted safely. `--jobs N` runs the
+cases in N forked processes (runner.run); the records are those of a serial run.
 """
 
 from __future__ import annotations
@@ -52,9 +58,16 @@ def cmd_backends(args) -> int:
     print(tabulate(rows, headers=["backend"] + caps))
     if notes:
         print("\n" + "\n".join(notes))
+    from mlconf.backends import plugins
+    found = plugins()   # entry points of the group mlconf.backends: named with -b, never built in
+    if found:
+        print("\nPlug-ins (entry points of mlconf.backends; run one with -b NAME):")
+        for p in found:
+            print(f"  {p.name}: {p.value} ({p.dist or 'unknown distribution'}): {p.error or 'ok'}")
     print("\nAlso: native:scalar, native:avx2, native:neon, native:neon-dotprod (the native runtime with one "
-          "ISA forced), bitnet:scalar, bitnet:avx2 (the bitnet runtime with one ISA forced) and lib:PATH "
-          "(any shared library exporting the C ABI of backends/native/include/mlrt.h or some of it).")
+          "ISA forced), bitnet:scalar, bitnet:avx2 (the bitnet runtime with one ISA forced), lib:PATH "
+          "(any shared library exporting the C ABI of backends/native/include/mlrt.h or some of it) and "
+          "cmd:PROGRAM [ARGS] (any program speaking the line-based JSON protocol of backends/cmd).")
     return 0
 
 
@@ -140,29 +153,117 @@ def summary_table(results) -> str:
     return tabulate(rows, headers=["backend", "area", *OUTCOMES, "total"])
 
 
+class Progress:
+    """Progress of `mlconf run` on stderr: "[done/total] N failing so far", rewritten in place on a
+    terminal; otherwise one line about every 10 % of the runs. Each failing run gets its own line."""
+
+    def __init__(self, total: int, strict: bool, stream=None):
+        self.total, self.strict = total, strict
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.done = self.failing = 0
+        self.step = max(1, total // 10)
+        self._shown = False
+
+    def line(self) -> str:
+        return f"[{self.done}/{self.total}] {self.failing} failing so far"
+
+    def __call__(self, res) -> None:
+        from mlconf.records import failing
+        self.done += 1
+        bad = failing(res.outcome, self.strict)
+        if bad:
+            self.failing += 1
+            self._clear()
+            print(f"{res.outcome.upper()} {res.backend} {res.case}: {res.detail}", file=self.stream)
+        if self.tty:
+            self.stream.write("\r" + self.line())
+            self._shown = True
+            self.stream.flush()
+        elif self.done % self.step == 0 or self.done == self.total:
+            print(self.line(), file=self.stream)
+
+    def _clear(self) -> None:
+        if self.tty and self._shown:
+            self.stream.write("\r\x1b[K")
+            self._shown = False
+
+    def close(self) -> None:
+        if self.tty and self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
 def cmd_run(args) -> int:
-    from mlconf import cases, runner
+    import time
+
+    from mlconf import cases, records, reports, runner
     from mlconf.backends import builtin_names
+    start = time.perf_counter()
+    if args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: must be at least 1")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout {args.timeout}: must be a positive number of seconds")
     try:
         selected = cases.collect(args.area, args.k)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not selected:
         raise UsageError(f"no case matches (areas {args.area or 'all'}, -k {args.k!r})")
-    backends = [_backend(n) for n in (args.backend or builtin_names())]
-    total = len(selected) * len(backends)
-    failed = 0
-
-    def progress(res):
-        nonlocal failed
-        if res.outcome in ("fail", "error", "crash", "timeout"):
-            failed += 1
-            print(f"{res.outcome.upper()} {res.backend} {res.case}: {res.detail}", file=sys.stderr)
-
-    results = runner.run(selected, backends, progress=progress)
+    from concurrent.futures import ThreadPoolExecutor
+    names = args.backend or builtin_names()
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:  # worker processes start at once
+        backends = list(pool.map(_backend, names))
+    if args.timeout is not None:
+        for b in backends:      # worker-backed backends: the per-call timeout of their worker
+            if hasattr(b, "timeout"):
+                b.timeout = args.timeout
+    total = sum(1 for b in backends for c in selected if c.params.get("expected_from") != b.name)
+    progress = Progress(total, args.strict)
+    stop_on = (lambda r: records.failing(r.outcome, args.strict)) if args.fail_fast else None
+    try:
+        results = runner.run(selected, backends, progress=progress, jobs=args.jobs, stop_on=stop_on)
+    except RuntimeError as e:      # --jobs: a runner process died (its traceback is on stderr)
+        raise UsageError(str(e)) from None
+    finally:
+        progress.close()
+    from mlconf.cases import AREAS
+    areas = [a for a in AREAS if a in (args.area or AREAS)]
+    doc = reports.build(results, backends, areas, args.k, args.strict, args.jobs)
+    wall = time.perf_counter() - start
+    written = reports.write(doc, args.report, wall=wall)
     print(summary_table(results))
-    print(f"\n{total} case runs on {len(backends)} backend(s); {failed} failed or errored")
-    return 1 if failed else 0
+    n_fail = sum(1 for r in results if records.failing(r.outcome, args.strict))
+    what = "failed, errored, crashed, timed out or were unsupported (--strict)" if args.strict else \
+        "failed, errored, crashed or timed out"
+    stopped = f" (stopped at the first failure: {len(results)} of {total} ran)" if args.fail_fast and \
+        len(results) < total else ""
+    print(f"\n{len(results)} case runs on {len(backends)} backend(s); {n_fail} {what}{stopped}; "
+          f"{wall:.1f} s")
+    print(f"reports: {', '.join(str(p) for p in written)}")
+    return 1 if n_fail else 0
+
+
+def cmd_report(args) -> int:
+    from mlconf import reports
+    try:
+        doc = reports.load(args.results)
+    except reports.ResultsError as e:
+        raise UsageError(str(e)) from None
+    written = reports.write(doc, args.report, results_json=False)
+    print(f"reports: {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from mlconf import reports
+    try:
+        old, new = reports.load(args.old), reports.load(args.new)
+    except reports.ResultsError as e:
+        raise UsageError(str(e)) from None
+    regressed, fixed = reports.diff(old, new)
+    print(reports.diff_text(regressed, fixed))
+    return 1 if regressed else 0
 
 
 def parse_tokens(text: str) -> np.ndarray:
@@ -451,7 +552,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", metavar="EXPR", help="select cases whose id matches (and/or/not, parentheses)")
     from mlconf.cases import AREAS
     p.add_argument("--area", action="append", choices=list(AREAS))
+    p.add_argument("--report", default="reports", metavar="DIR",
+                   help="folder of results.json, summary.md, junit.xml, report.html (default: %(default)s)")
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="run the cases in N forked processes (same records as serial)")
+    p.add_argument("--fail-fast", action="store_true",
+                   help="stop at the first failing case (the reports show what ran)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="per-call timeout of worker-backed backends (native, bitnet, lib:); in-process "
+                        "backends (reference) have none")
+    p.add_argument("--strict", action="store_true",
+                   help="unsupported counts as a failure (the CI-gate mode)")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("report", help="rebuild summary.md, junit.xml and report.html from a results.json")
+    p.add_argument("results", metavar="RESULTS.json")
+    p.add_argument("--report", default="reports", metavar="DIR", help="output folder (default: %(default)s)")
+    p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("diff", help="what regressed and what was fixed between two results.json")
+    p.add_argument("old", metavar="OLD.json")
+    p.add_argument("new", metavar="NEW.json")
+    p.set_defaults(fn=cmd_diff)
 
     p = sub.add_parser("forward", help="logits of a token sequence (one row per position)")
     p.add_argument("model", metavar="MODEL.mlb")

@@ -5,12 +5,20 @@ run_case(). Outcomes: pass, fail, unsupported (the backend lacks the capability 
 error (the backend raised or returned something malformed), crash (the worker process of an
 isolated backend died: the detail names the signal and the call) and timeout (the call took longer
 than the backend's timeout and its worker was killed).
+
+Besides the outcome, run_case keeps the backend's raw output (Result.output: a status string, bytes
+or a tuple of them, an ndarray, a list of ids; never serialized) so that the reports can compare
+backends with each other (reports.matrix), and the distances to the expectation in Result.metrics
+(records.record turns a Result into its JSON record). run(jobs=N) runs the cases in N forked
+processes; the results are the same as a serial run's.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +29,7 @@ from mlconf import fixtures
 from mlconf.backends import STATUSES, Backend, InputError, Unsupported, WorkerCrash, WorkerTimeout
 from mlconf.cases import GGUF_F16, GGUF_F32, GGUF_I2_S, I2S_BLOCK, Case, gguf_tensors
 from mlconf.compare import distances, embedding_distances, within
+from mlconf.records import output_kind
 
 OUTCOMES = ("pass", "fail", "unsupported", "error", "crash", "timeout")
 
@@ -37,6 +46,9 @@ class Result:
     got: Any = None
     detail: str = ""
     metrics: dict = field(default_factory=dict)
+    output_kind: str = ""       # records.OUTPUT_KINDS
+    tolerance: str | None = None    # the specs/tolerances.yaml entry of a toleranced case
+    output: Any = field(default=None, repr=False, compare=False)   # the raw output (not serialized)
 
 
 class Workdir:
@@ -51,20 +63,23 @@ class Workdir:
         self._written = False
         self._expected: dict[str, Any] = {}
         self._damage: dict[str, str] = {}
+        self._lock = threading.RLock()  # run(jobs=N): each file and expectation is made once
 
     def path(self, fixture: fixtures.Fixture) -> Path:
-        if not self._written:
-            fixtures.generate(self.root)
-            self._written = True
+        with self._lock:
+            if not self._written:
+                fixtures.generate(self.root)
+                self._written = True
         return self.root / fixture.file
 
     def tokenizer(self, golden: Path) -> Path:
         """The .mlt of a golden tokenizer.json, converted (tools/convert_tokenizer.py) on first use."""
         from mlconf.tools import convert_tokenizer
         out = self.root / "tokenizer" / "golden" / golden.with_suffix(".mlt").name
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            convert_tokenizer.convert(golden, out)
+        with self._lock:
+            if not out.exists():
+                out.parent.mkdir(parents=True, exist_ok=True)
+                convert_tokenizer.convert(golden, out)
         return out
 
     def expected_logits(self, case: Case) -> np.ndarray:
@@ -74,18 +89,20 @@ class Workdir:
     def expected_from_reference(self, case: Case, compute) -> Any:
         """A cross-backend case's expectation: ``compute(case, reference backend)``, computed once."""
         key = case.id
-        if key not in self._expected:
-            from mlconf.backends.reference import ReferenceBackend
-            self._expected[key] = compute(case, ReferenceBackend())
-        return self._expected[key]
+        with self._lock:
+            if key not in self._expected:
+                from mlconf.backends.reference import ReferenceBackend
+                self._expected[key] = compute(case, ReferenceBackend())
+            return self._expected[key]
 
     def damaged_gguf(self, golden: Path, kind: str) -> tuple[Path, str]:
         """A damaged copy of a golden GGUF and what was damaged (damage_gguf), written on first use."""
         out = self.root / "bitnet" / "damaged" / f"{Path(golden).stem}-{kind}.gguf"
-        if str(out) not in self._damage:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            self._damage[str(out)] = damage_gguf(golden, out, kind)
-        return out, self._damage[str(out)]
+        with self._lock:
+            if str(out) not in self._damage:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                self._damage[str(out)] = damage_gguf(golden, out, kind)
+            return out, self._damage[str(out)]
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -105,6 +122,21 @@ def _bytes_diff(name: str, want: bytes, got: bytes, itemsize: int) -> tuple[str,
     return (f"{name}: {diff.size} of {len(a)} elements differ, first at {i}: "
             f"got {b[i].tobytes().hex()} expected {a[i].tobytes().hex()}"), {f"{name}_differ": int(diff.size),
                                                                              f"{name}_first": i}
+
+
+def byte_distance(want: bytes, got: bytes) -> dict:
+    """differ: the bytes that differ (a length difference counts each missing byte); first_diff: the
+    first differing byte, or None when they are equal."""
+    a, b = np.frombuffer(want, np.uint8), np.frombuffer(got, np.uint8)
+    n = min(a.size, b.size)
+    diff = np.flatnonzero(a[:n] != b[:n])
+    differ = int(diff.size) + abs(a.size - b.size)
+    first = int(diff[0]) if diff.size else (n if a.size != b.size else None)
+    return {"differ": differ, "first_diff": first}
+
+
+def _joined(v) -> bytes:
+    return b"".join(v) if isinstance(v, tuple | list) else bytes(v)
 
 
 def _run_quant(case: Case, backend: Backend) -> tuple[bytes, bytes]:
@@ -260,7 +292,9 @@ def _bitnet_bits(case: Case, backend: Backend, work: Workdir, r: Result) -> None
     else:
         parts = [_values_diff("y", want, got, "<f4", int(p["shape"][0]))]
     texts = [t for t, _ in parts if t]
+    r.output = got
     r.metrics = {k: v for _, m in parts for k, v in m.items()}
+    r.metrics.update(byte_distance(_joined(want), _joined(got)))
     ok = not texts
     if texts and "note" in p:
         texts.append(f"(the spec's integers: {p['note']})")
@@ -282,6 +316,7 @@ def _bitnet_embed(case: Case, backend: Backend, work: Workdir, r: Result) -> Non
     p = case.params
     want = case.expected if case.expected is not None else work.expected_from_reference(case, _run_embed)
     got = _run_embed(case, backend)
+    r.output = got
     if got.dtype != np.float32 or got.shape != np.shape(want):
         r.outcome, r.got = "fail", f"{got.dtype}{list(got.shape)}"
         r.detail = f"embedding is {got.dtype}{list(got.shape)}, expected float32{list(np.shape(want))}"
@@ -301,11 +336,11 @@ def _bitnet_refused(case: Case, backend: Backend, work: Workdir, r: Result) -> N
     p = case.params
     if p["op"] in ("pack", "act", "matmul"):
         try:
-            _run_i2s(case, backend)
+            out = _run_i2s(case, backend)
         except (ValueError, ArithmeticError) as e:
             r.outcome, r.got, r.detail = "pass", "refused", str(e)
         else:
-            r.outcome, r.got = "fail", "accepted"
+            r.outcome, r.got, r.output = "fail", "accepted", out
             r.detail = f"i2s {p['op']} accepted an input it must refuse ({case.spec})"
         return
     if p["op"] == "open":
@@ -364,11 +399,25 @@ def _ids_detail(case: Case, work: Workdir, got: list[int], i: int) -> str:
 
 
 def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
-    r = Result(case.id, case.area, case.spec, backend.name, "error", case.compare, case.expected)
+    r = Result(case.id, case.area, case.spec, backend.name, "error", case.compare, case.expected,
+               output_kind=output_kind(case), tolerance=case.params.get("tolerance"))
+    if case.params.get("expected_from"):
+        r.expected = f"the {case.params['expected_from']} backend's output"
+    try:
+        _run_case(case, backend, work, r)
+    finally:    # no temporary path in a record: records are the same from run to run
+        root = str(work.root)
+        r.detail = r.detail.replace(root, "$WORK")
+        if isinstance(r.metrics.get("reason"), str):
+            r.metrics["reason"] = r.metrics["reason"].replace(root, "$WORK")
+    return r
+
+
+def _run_case(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
     if case.capability not in backend.capabilities:
         why = getattr(backend, "unsupported", {}).get(case.capability)  # e.g. a symbol a lib: lacks
         r.outcome, r.detail = "unsupported", why or f"backend has no {case.capability} capability"
-        return r
+        return
     try:
         if case.area == "bitnet":
             _run_bitnet(case, backend, work, r)
@@ -380,19 +429,21 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
             else:
                 got = backend.load(path)
             r.got = got.status
+            r.metrics = {"expected": case.expected, "got": got.status, "reason": got.reason}
             if got.status not in STATUSES:
                 r.detail = f"unknown status {got.status!r}"
-                return r
+                return
+            r.output = got.status
             ok = got.status == case.expected
             r.outcome = "pass" if ok else "fail"
             r.detail = got.reason if ok else f"expected {case.expected}, got {got.status}: {got.reason}"
         elif case.compare == "refused":
             try:
-                _run_quant(case, backend)
+                out = _run_quant(case, backend)
             except (ValueError, ArithmeticError) as e:
                 r.outcome, r.got, r.detail = "pass", "refused", str(e)
             else:
-                r.outcome, r.got = "fail", "accepted"
+                r.outcome, r.got, r.output = "fail", "accepted", out
                 r.detail = "the quantizer accepted an input it must refuse"
         elif case.compare == "ids":
             mlt_path = work.tokenizer(case.params["golden"])
@@ -404,23 +455,25 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
                     session.close()
             first = _first_diff(got, list(case.expected))
             r.got = got
+            r.output = got
             r.outcome = "pass" if first is None else "fail"
             r.detail = f"{len(got)} ids identical" if first is None else _ids_detail(case, work, got, first)
-            if first is not None:
-                r.metrics = {"first_diff": first}
+            r.metrics = {"first_diff": first, "len_expected": len(case.expected), "len_got": len(got)}
         elif case.compare == "toleranced":
             want = case.expected if case.expected is not None else work.expected_logits(case)
-            r.metrics = distances(_run_forward(case, backend), want)
+            r.output = _run_forward(case, backend)
+            r.metrics = distances(r.output, want)
             ok, over = within(case.params["tolerance"], r.metrics)
             r.outcome = "pass" if ok else "fail"
             r.got = "within" if ok else "outside"
             r.detail = over or ", ".join(f"{k} {v:.3g}" for k, v in r.metrics.items())
         else:
             q, d = _run_quant(case, backend)
+            r.output = (q, d)
             want_q, want_d = case.expected
             dq, mq = _bytes_diff("quants", want_q, q, 1)
             dd, md = _bytes_diff("scales", want_d, d, 2 if case.params["f16"] else 4)
-            r.metrics = {**mq, **md}
+            r.metrics = {**mq, **md, **byte_distance(want_q + want_d, q + d)}
             r.got = "identical" if not (dq or dd) else "differs"
             r.outcome = "pass" if not (dq or dd) else "fail"
             r.detail = "; ".join(s for s in (dq, dd) if s)
@@ -432,24 +485,175 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
         r.outcome, r.detail = "timeout", str(e)
     except Exception as e:  # a backend bug is a result, not a crash of the harness
         r.outcome, r.detail = "error", f"{type(e).__name__}: {e}"
-    return r
+
+
+def prepare(cases: list[Case], work: Workdir) -> None:
+    """Write every file the cases read (fixtures, converted tokenizers) before any thread starts."""
+    for c in cases:
+        if "fixture" in c.params:
+            work.path(c.params["fixture"])
+            break
+    for golden in sorted({str(c.params["golden"]) for c in cases if "golden" in c.params}):
+        work.tokenizer(Path(golden))
+
+
+def _fresh(b: Backend) -> Backend:
+    """In a forked child: a new instance of backend ``b`` (its own worker process, if it has one),
+    made by name with the per-call timeout of ``b``; ``b`` itself (the forked copy) when its name
+    is not registered, which is right for an in-process backend such as a test's wrapper class."""
+    from mlconf.backends import get
+    try:
+        fresh = get(b.name)
+    except Exception:
+        return b
+    if type(fresh) is not type(b):
+        _close(fresh)
+        return b
+    if getattr(b, "timeout", None) is not None and hasattr(fresh, "timeout"):
+        fresh.timeout = b.timeout
+    return fresh
+
+
+def _close(b: Backend) -> None:
+    close = getattr(b, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:
+            pass
+
+
+_LEN = __import__("struct").Struct("<Q")
+
+
+def _child(fd: int, shard: list[tuple[int, Case]], backends: list[Backend], work: Workdir) -> None:
+    """A forked child: run its shard of cases on fresh backends, send each (backend index, case
+    index, Result) through ``fd`` as a length-prefixed pickle, then (None, None, None)."""
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, len(backends))) as pool:   # their workers start at once
+        fresh = list(pool.map(_fresh, backends))
+    own = [fb for fb, b in zip(fresh, backends, strict=True) if fb is not b]
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for bi, b in enumerate(backends):
+                fb = fresh[bi]
+                for ci, c in shard:
+                    if c.params.get("expected_from") == b.name:
+                        continue
+                    res = run_case(c, fb, work)
+                    res.backend = b.name
+                    blob = pickle.dumps((bi, ci, res), protocol=pickle.HIGHEST_PROTOCOL)
+                    out.write(_LEN.pack(len(blob)) + blob)
+                    out.flush()
+            blob = pickle.dumps((None, None, None))
+            out.write(_LEN.pack(len(blob)) + blob)
+    finally:
+        for fb in own:
+            _close(fb)
+
+
+def _run_forked(cases: list[Case], backends: list[Backend], work: Workdir, jobs: int,
+                on_result: Callable[[int, int, Result], bool]) -> None:
+    """run(jobs=N): N forked children, each with every backend (fresh instances, see _fresh) and
+    every N-th case. ``on_result`` returns True to stop the run (the children are then ended)."""
+    import pickle
+    import selectors
+    import signal
+    prepare(cases, work)         # fixtures and tokenizers once, before the fork
+    sel = selectors.DefaultSelector()
+    kids: dict[int, int] = {}    # read fd -> pid
+    bufs: dict[int, bytearray] = {}
+    finished: set[int] = set()
+    for j in range(jobs):
+        shard = list(enumerate(cases))[j::jobs]
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:             # the child
+            code = 0
+            try:
+                os.close(r)
+                _child(w, shard, backends, work)
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        kids[r] = pid
+        bufs[r] = bytearray()
+        sel.register(r, selectors.EVENT_READ)
+    stopped = False
+    try:
+        while sel.get_map() and not stopped:
+            for key, _ in sel.select():
+                fd = key.fd
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    sel.unregister(fd)
+                    continue
+                buf = bufs[fd]
+                buf += chunk
+                while len(buf) >= _LEN.size:
+                    n = _LEN.unpack_from(buf)[0]
+                    if len(buf) < _LEN.size + n:
+                        break
+                    bi, ci, res = pickle.loads(bytes(buf[_LEN.size:_LEN.size + n]))
+                    del buf[:_LEN.size + n]
+                    if bi is None:
+                        finished.add(fd)
+                    elif not stopped and on_result(bi, ci, res):
+                        stopped = True
+    finally:
+        for fd, pid in kids.items():
+            if stopped or fd not in finished:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            os.waitpid(pid, 0)
+            if sel.get_map() and fd in sel.get_map():
+                sel.unregister(fd)
+            os.close(fd)
+        sel.close()
+    if not stopped and len(finished) != len(kids):
+        raise RuntimeError("a runner process ended before its cases were done (its traceback is above)")
 
 
 def run(cases: Iterable[Case], backends: Iterable[Backend], work: Workdir | None = None,
-        progress=None) -> list[Result]:
+        progress: Callable[[Result], None] | None = None, jobs: int = 1,
+        stop_on: Callable[[Result], bool] | None = None) -> list[Result]:
+    """Every case on every backend; the results in the order backend by backend, case by case.
+
+    ``jobs`` > 1: ``jobs`` forked processes, each running every jobs-th case on its own fresh
+    instances of the backends (_fresh: a worker-backed backend gets its own worker process); the
+    fixtures are written before the fork. The results, and their order, are those of a serial run.
+    ``progress`` is called once per result, in the calling process. ``stop_on``: a predicate on a
+    result; when it holds, no further case starts (--fail-fast) and the results so far are returned.
+    """
+    cases, backends = list(cases), list(backends)
     own = work is None
     work = work or Workdir()
-    results = []
+    got: list[tuple[int, int, Result]] = []
+
+    def on_result(bi: int, ci: int, res: Result) -> bool:
+        got.append((bi, ci, res))
+        if progress:
+            progress(res)
+        return bool(stop_on and stop_on(res))
+
     try:
-        for b in backends:
-            for c in cases:
-                if c.params.get("expected_from") == b.name:
-                    continue  # a backend is not compared with itself
-                res = run_case(c, b, work)
-                results.append(res)
-                if progress:
-                    progress(res)
+        if jobs > 1 and len(cases) > 1 and hasattr(os, "fork"):
+            _run_forked(cases, backends, work, min(jobs, len(cases)), on_result)
+        else:
+            for bi, b in enumerate(backends):
+                for ci, c in enumerate(cases):
+                    if c.params.get("expected_from") == b.name:
+                        continue  # a backend is not compared with itself
+                    if on_result(bi, ci, run_case(c, b, work)):
+                        return [r for *_, r in got]
     finally:
         if own:
             work.close()
-    return results
+    return [r for *_, r in sorted(got, key=lambda t: (t[0], t[1]))]

@@ -128,12 +128,14 @@ def test_quantize_refuses_f16_overflow_and_leaves_nothing(tmp_path):
 
 
 def test_run_prints_table_and_selects(tmp_path):
-    r = mlconf("run", "--area", "loader", "-k", "format.magic or shape.zero")
+    r = mlconf("run", "--area", "loader", "-k", "format.magic or shape.zero", "--report", tmp_path / "rep")
     assert r.returncode == 0, r.stderr
+    assert (tmp_path / "rep" / "results.json").is_file()
     row = next(line for line in r.stdout.splitlines() if line.startswith("reference"))
     assert row.split()[:3] == ["reference", "loader", "9"]
-    assert mlconf("run", "-k", "no-such-case").returncode == 1
-    assert mlconf("run", "-k", "(unbalanced").returncode == 1
+    assert mlconf("run", "-k", "no-such-case", cwd=tmp_path).returncode == 1
+    assert mlconf("run", "-k", "(unbalanced", cwd=tmp_path).returncode == 1
+    assert not (tmp_path / "reports").exists()   # nothing written for a run that selects nothing
 
 
 

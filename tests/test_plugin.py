@@ -19,8 +19,8 @@ class Partial:
         return LoadResult(self.status, "fake")
 
 
-register("fake-none", lambda n: Partial(n, []))
-register("fake-ok", lambda n: Partial(n, ["load"], "ML_OK"))
+register("fake-none", lambda n: Partial(n, []), builtin=False)
+register("fake-ok", lambda n: Partial(n, ["load"], "ML_OK"), builtin=False)
 
 
 def test_case(mlconf_case, mlconf_backend, mlconf_workdir):

@@ -125,3 +125,25 @@ def test_missing_tolerance_is_an_error_naming_it():
     finally:
         work.close()
     assert r.outcome == "error" and "'no_such_tolerance' is not defined in specs/tolerances.yaml" in r.detail
+
+
+def test_outputs_and_byte_distances_for_the_matrix():
+    """run_case keeps the raw output of each kind (the matrix compares them) and the byte distance
+    to the expectation."""
+    sel = (one("quant", "q8_0/") + one("header", "flags_zero")
+           + one("tokenizer", "encode/llama3/contractions") + one("bitnet", "i2s_act/random_3x256"))
+    by = {(r.case, r.backend): r for r in runner.run(sel, [ReferenceBackend(), Wrong()])}
+    q8 = next(r for (c, b), r in by.items()
+              if b == "wrong" and c.startswith("quant/q8_0/") and r.outcome == "fail")
+    assert isinstance(q8.output, tuple) and q8.output_kind == "quantizer bytes"
+    assert (q8.metrics["differ"], q8.metrics["first_diff"]) == (1, 5)
+    ref = by[(q8.case, "reference")]
+    assert ref.output[1] == q8.output[1] and ref.output[0] != q8.output[0] and ref.metrics["differ"] == 0
+    assert by[("header/flags_zero", "reference")].output == "ML_OK"
+    ids = by[(sel[-2].id, "wrong")]
+    assert ids.output_kind == "ids" and ids.output[2] == by[(sel[-2].id, "reference")].output[2] + 1
+    act = by[(sel[-1].id, "wrong")]        # vs_reference: not run on the reference itself
+    assert (sel[-1].id, "reference") not in by and act.output_kind == "i2s bytes"
+    assert len(act.output) == 3 and act.metrics["first_diff"] is None
+    assert runner.byte_distance(b"abcd", b"abXdZ") == {"differ": 2, "first_diff": 2}
+    assert runner.byte_distance(b"ab", b"ab") == {"differ": 0, "first_diff": None}

@@ -17,6 +17,7 @@ Nothing here imports the reference backend: the cross-check stays independent.
 
 from __future__ import annotations
 
+import atexit
 import os
 import platform
 import threading
@@ -424,6 +425,13 @@ class EmbedderSession(_Handle):
 
 # ---------------------------------------------------------------- the names native, native:ISA
 _SPARE: dict[str, LibraryBackend] = {}   # the backend library_available() started, for the next get
+
+
+@atexit.register
+def _close_spares() -> None:
+    """Stop the workers of spares nobody asked for (their pipes and stderr files close with them)."""
+    while _SPARE:
+        _SPARE.popitem()[1].close()
 
 
 def _native_sources() -> list[Path]:

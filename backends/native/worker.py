@@ -49,6 +49,17 @@ STDERR_TAIL = 1500       # characters of the worker's stderr quoted in a crash m
 ENTRY = "import sys; from mlconf.backends.native.worker import main; sys.exit(main())"
 
 
+def stderr_tail(f) -> str:
+    """The last STDERR_TAIL characters a worker wrote to its stderr file ``f`` ("" for None)."""
+    if f is None:
+        return ""
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - 4 * STDERR_TAIL))
+    text = f.read().decode("utf-8", "replace").strip()
+    return ("..." + text[-STDERR_TAIL:]) if len(text) > STDERR_TAIL else text
+
+
 # ---------------------------------------------------------------- framing
 def _write_msg(fd: int, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -470,13 +481,7 @@ class Worker:
         return WorkerCrash(msg + (f"; its stderr: {tail}" if tail else ""))
 
     def _stderr_tail(self) -> str:
-        if self._err is None:
-            return ""
-        self._err.seek(0, os.SEEK_END)
-        size = self._err.tell()
-        self._err.seek(max(0, size - 4 * STDERR_TAIL))
-        text = self._err.read().decode("utf-8", "replace").strip()
-        return ("..." + text[-STDERR_TAIL:]) if len(text) > STDERR_TAIL else text
+        return stderr_tail(self._err)
 
 
 if __name__ == "__main__":
