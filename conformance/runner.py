@@ -52,14 +52,19 @@ class Result:
 
 
 class Workdir:
-    """The generated fixture files of a run, written once, on first use."""
+    """The files a run reads: the generated fixtures (without ``root``: the set of the per-user
+    cache, fixtures.cached(), generated once per content hash; with ``root``, or without a usable
+    cache: written into the folder on first use) and per-run files (converted tokenizers, damaged
+    GGUFs) in ``root`` or a temporary folder."""
 
     def __init__(self, root: str | Path | None = None):
         self._tmp = None
+        self._cache = root is None
         if root is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="mlconf-")
             root = self._tmp.name
         self.root = Path(root)
+        self.fixture_root = self.root
         self._written = False
         self._expected: dict[str, Any] = {}
         self._damage: dict[str, str] = {}
@@ -68,9 +73,13 @@ class Workdir:
     def path(self, fixture: fixtures.Fixture) -> Path:
         with self._lock:
             if not self._written:
-                fixtures.generate(self.root)
+                cached = fixtures.cached() if self._cache else None
+                if cached is None:
+                    fixtures.generate(self.root)
+                else:
+                    self.fixture_root = cached
                 self._written = True
-        return self.root / fixture.file
+        return self.fixture_root / fixture.file
 
     def tokenizer(self, golden: Path) -> Path:
         """The .mlt of a golden tokenizer.json, converted (tools/convert_tokenizer.py) on first use."""
@@ -405,11 +414,11 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
         r.expected = f"the {case.params['expected_from']} backend's output"
     try:
         _run_case(case, backend, work, r)
-    finally:    # no temporary path in a record: records are the same from run to run
-        root = str(work.root)
-        r.detail = r.detail.replace(root, "$WORK")
-        if isinstance(r.metrics.get("reason"), str):
-            r.metrics["reason"] = r.metrics["reason"].replace(root, "$WORK")
+    finally:    # no temporary or cache path in a record: records are the same from run to run
+        for root in {str(work.fixture_root), str(work.root)}:
+            r.detail = r.detail.replace(root, "$WORK")
+            if isinstance(r.metrics.get("reason"), str):
+                r.metrics["reason"] = r.metrics["reason"].replace(root, "$WORK")
     return r
 
 

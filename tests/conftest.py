@@ -9,12 +9,19 @@ specs/mlb_errors.yaml for the fields the seed leaves open).
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import strategies as st
 
 from mlconf import fixtures as mlfixtures
+
+# The fixture cache of `mlconf run` (fixtures.cached()) goes to a folder of the test runs, not the
+# user's ~/.cache; subprocesses of the CLI tests inherit it.
+os.environ.setdefault("MLCONF_CACHE_DIR",
+                      str(Path(tempfile.gettempdir()) / f"mlconf-test-cache-{os.getuid()}"))
 
 U32_MAX = 2**32 - 1
 F32_MAX = 3.4028234663852886e38
