@@ -292,12 +292,7 @@ def junit_xml(doc: dict) -> bytes:
 
 # ---------------------------------------------------------------- writing
 def _html(doc: dict) -> str | None:
-    try:
-        from mlconf.report_html import render
-    except ImportError as e:
-        print(f"mlconf: report.html not written: mlconf.report_html cannot be imported ({e})",
-              file=sys.stderr)
-        return None
+    from mlconf.report_html import render
     try:
         return render(doc)
     except Exception as e:  # the other reports stand without it
