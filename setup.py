@@ -46,8 +46,9 @@ class build_py_native(build_py):
         return Path(self.build_lib) / "mlconf" / "backends" / package / name
 
     def run(self) -> None:
-        super().run()
         build = _native_build()
+        build.unicode_tables()   # generated before the package files are copied, so the wheel has it
+        super().run()
         for lib in LIBRARIES:
             out = self._library(lib)
             self.announce(f"building the C runtime {lib}: {out}", level=2)

@@ -10,6 +10,9 @@ third-party libraries, -Wall -Wextra -Werror. The SIMD kernel files get their IS
 where they apply (kern_avx2.c on x86-64, kern_neon*.c on aarch64); the ISA is chosen at run
 time from the CPU's features, so one library serves every x86-64 machine.
 
+Before compiling, src/unicode_tables.h (git-ignored) is generated from Python's unicodedata by
+tools/gen_unicode_tables.py when it is missing or stale (unicode_tables()).
+
 build_worker links the same sources statically with worker_main.c into an executable, by default
 for aarch64 with the cross compiler: native:neon runs it under qemu-user on other hosts (qemu.py).
 """
@@ -17,18 +20,25 @@ for aarch64 with the cross compiler: native:neon runs it under qemu-user on othe
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+import unicodedata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE / "src"
 BITNET = HERE.parent / "bitnet"
 WORKER_MAIN = HERE / "worker_main.c"
+# src/unicode_tables.h is generated from Python's unicodedata by tools/gen_unicode_tables.py
+# (mlconf/tools once installed), before compiling, when missing or stale; it is git-ignored.
+UNICODE_TABLES = SRC / "unicode_tables.h"
+UNICODE_GENERATOR = HERE.parents[1] / "tools" / "gen_unicode_tables.py"
+UNICODE_CLASSES = HERE.parent / "reference" / "unicode_classes.py"
 CFLAGS = ["-std=c11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-fvisibility=hidden"]
 ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
     "kern_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
@@ -98,6 +108,34 @@ def build(out: str | Path | None = None, *, lib: str = "mlrt", cc: str = "gcc", 
     return _compile_link(cc, flags, sources(machine, lib), ["-shared"], out)
 
 
+def unicode_tables() -> Path:
+    """Write src/unicode_tables.h with the generator (loaded by path, in this process) unless it
+    is newer than the generator and unicode_classes.py and holds this Python's Unicode version."""
+    out = UNICODE_TABLES
+    same_version = False
+    if out.exists():
+        stamp = out.stat().st_mtime
+        inputs = (UNICODE_GENERATOR, UNICODE_CLASSES)
+        fresh = all(not p.exists() or p.stat().st_mtime <= stamp for p in inputs)
+        with out.open() as f:
+            same_version = f'#define ML_UC_VERSION "{unicodedata.unidata_version}"' in f.read(600)
+        if fresh and same_version:
+            return out
+    if not UNICODE_GENERATOR.exists():
+        if out.exists():
+            return out
+        raise BuildError(f"{out} is missing and its generator {UNICODE_GENERATOR} is not there")
+    spec = importlib.util.spec_from_file_location("_mlconf_gen_unicode_tables", UNICODE_GENERATOR)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        return mod.write(out)
+    except (OSError, SystemExit) as e:
+        if same_version:  # e.g. an installed package in a read-only folder: same data
+            return out
+        raise BuildError(f"{UNICODE_GENERATOR}: cannot write {out}: {e}") from None
+
+
 def _run(cmd: list[str]) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
@@ -111,6 +149,8 @@ def _compile_link(cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]],
     build_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.obj", dir=out.parent))
     tmp = build_dir / out.name
     try:
+        if any(src.parent == SRC for src, _ in srcs):
+            unicode_tables()
         objs = []
         for src, isa in srcs:
             obj = build_dir / (src.stem + ".o")

@@ -12,10 +12,12 @@
  * Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown op) or ML_E_UNSUPPORTED (ISA not built or not
  * runnable on this CPU). The ISA in use (ml_isa) is not changed.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "../include/mlrt.h"
 #include "kernels.h"
+#include "unicode.h"
 #include "util.h"
 
 
@@ -55,6 +57,66 @@ ML_API int mlrt_test_kernel(const char *isa, const char *op, int n, const void *
         const float *xds[4] = {bd, bd + nb, bd + 2 * nb, bd + 3 * nb};
         if (strcmp(op, "dot4_q8_0") == 0) t->dot4_q8_0(nb, a, ad, xs, xds, out);
         else t->dot4_q4_0(nb, a, ad, xs, xds, out);
+        return ML_OK;
+    }
+    return ML_E_ARG;
+}
+
+
+/* int mlrt_test_unicode(op, in, n, out, cap, n_out): the Unicode functions of unicode.h
+ * (tests/test_native_unicode.py), n and cap counted in elements of the op's types:
+ *   "class":   in = uint32 code points[n]; out = int32 classes[n] (cap >= n);
+ *   "decode":  in = bytes[n]; out = uint32 code points (cap >= n); *n_out = their count;
+ *   "offsets": as "decode", but out = the uint32 byte offset of each code point;
+ *   "nfc":     in = uint32 code points[n]; out = uint32[cap]; *n_out = the count NFC needs (only
+ *              the first cap are written);
+ *   "version": out = the Unicode version string, NUL-terminated (cap bytes).
+ * Returns ML_OK, ML_E_ARG (NULL pointer, cap too small, unknown op) or ML_E_NOMEM. */
+ML_API int mlrt_test_unicode(const char *op, const void *in, size_t n, void *out, size_t cap,
+                             size_t *n_out);
+
+ML_API int mlrt_test_unicode(const char *op, const void *in, size_t n, void *out, size_t cap,
+                             size_t *n_out) {
+    if (op == NULL || out == NULL || n_out == NULL || (in == NULL && n > 0)) return ML_E_ARG;
+    if (strcmp(op, "version") == 0) {
+        const char *v = ml_uc_version();
+        size_t len = strlen(v);
+        if (cap <= len) return ML_E_ARG;
+        memcpy(out, v, len + 1);
+        *n_out = len;
+        return ML_OK;
+    }
+    if (strcmp(op, "class") == 0) {
+        if (cap < n) return ML_E_ARG;
+        for (size_t i = 0; i < n; i++) ((int32_t *)out)[i] = ml_uc_class(((const uint32_t *)in)[i]);
+        *n_out = n;
+        return ML_OK;
+    }
+    if (strcmp(op, "decode") == 0) {
+        if (cap < n) return ML_E_ARG;
+        *n_out = ml_utf8_decode(in, n, out, NULL);
+        return ML_OK;
+    }
+    if (strcmp(op, "offsets") == 0) {
+        if (cap < n) return ML_E_ARG;
+        bool overflow = false;
+        size_t bytes = ml_mul_size(n ? n : 1, sizeof(size_t), &overflow);
+        if (overflow) return ML_E_ARG;
+        uint32_t *cps = malloc(bytes);  /* sizeof(uint32_t) <= sizeof(size_t) */
+        size_t *offs = malloc(bytes);
+        if (cps == NULL || offs == NULL) {
+            free(cps);
+            free(offs);
+            return ML_E_NOMEM;
+        }
+        *n_out = ml_utf8_decode(in, n, cps, offs);
+        for (size_t i = 0; i < *n_out; i++) ((uint32_t *)out)[i] = (uint32_t)offs[i];
+        free(cps);
+        free(offs);
+        return ML_OK;
+    }
+    if (strcmp(op, "nfc") == 0) {
+        *n_out = ml_uc_nfc(in, n, out, cap);
         return ML_OK;
     }
     return ML_E_ARG;

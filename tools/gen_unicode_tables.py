@@ -1,0 +1,186 @@
+"""Write backends/native/src/unicode_tables.h, the Unicode data of the native tokenizer
+(backends/native/src/unicode.c), from Python's unicodedata, so that the C runtime and the
+reference (backends/reference/unicode_classes.py) follow one Unicode version.
+
+    python tools/gen_unicode_tables.py [OUT.h]
+
+backends/native/build.py runs it before compiling when the header is missing or older than this
+file; the header is git-ignored and never hand-edited. It holds:
+- the pre-tokenizer classes as runs (unicode_classes.class_ranges(): one definition for both);
+- the non-zero canonical combining classes, as runs of equal class;
+- the full (recursive) canonical decomposition of every code point that has one, except the
+  Hangul syllables, which unicode.c decomposes algorithmically;
+- the primary composites: the pairs (a, b) of two-code-point canonical decompositions that
+  unicodedata.normalize("NFC", a + b) composes back (this leaves out the composition exclusions,
+  the singletons and the non-starter decompositions), checked against the standard rule.
+Sorted arrays, searched by binary search in C; plain C data (the -m32 and aarch64 builds too).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+import unicodedata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "backends" / "native" / "src" / "unicode_tables.h"
+HANGUL_FIRST, HANGUL_LAST = 0xAC00, 0xD7A3
+MAX = 0x110000
+
+
+def _unicode_classes():
+    """backends/reference/unicode_classes.py, loaded by path: the generator runs from build.py
+    before mlconf is installed (installed, it sits at mlconf/backends/reference, the same place
+    relative to mlconf/tools)."""
+    path = ROOT / "backends" / "reference" / "unicode_classes.py"
+    spec = importlib.util.spec_from_file_location("_mlconf_unicode_classes", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _canonical_mapping(c: str) -> list[int] | None:
+    """The canonical decomposition mapping of c (one level), None if it has none or it is a
+    compatibility mapping."""
+    d = unicodedata.decomposition(c)
+    if not d or d.startswith("<"):
+        return None
+    return [int(x, 16) for x in d.split()]
+
+
+def tables() -> dict:
+    """The data of the header: classes, ccc runs, decompositions, composition pairs."""
+    uc = _unicode_classes()
+    ccc_runs: list[tuple[int, int, int]] = []
+    decomp: list[tuple[int, list[int]]] = []
+    pairs: list[tuple[int, int, int]] = []
+    standard: set[tuple[int, int, int]] = set()
+    for cp in range(MAX):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        c = chr(cp)
+        k = unicodedata.combining(c)
+        if k:
+            if ccc_runs and ccc_runs[-1][1] == cp - 1 and ccc_runs[-1][2] == k:
+                ccc_runs[-1] = (ccc_runs[-1][0], cp, k)
+            else:
+                ccc_runs.append((cp, cp, k))
+        if HANGUL_FIRST <= cp <= HANGUL_LAST:
+            continue
+        nfd = unicodedata.normalize("NFD", c)
+        if nfd != c:
+            decomp.append((cp, [ord(x) for x in nfd]))
+        m = _canonical_mapping(c)
+        if m is not None and len(m) == 2:
+            a, b = m
+            if unicodedata.normalize("NFC", chr(a) + chr(b)) == c:
+                pairs.append((a, b, cp))
+            # The standard rule: a primary composite is not Full_Composition_Exclusion, which is
+            # exactly NFC_Quick_Check=No for a character with a two-code-point mapping.
+            if unicodedata.normalize("NFC", c) == c and unicodedata.combining(chr(a)) == 0:
+                standard.add((a, b, cp))
+    if set(pairs) != standard:
+        raise SystemExit(f"gen_unicode_tables: composition pairs disagree with the standard rule: "
+                         f"{sorted(set(pairs) ^ standard)[:10]}")
+    pairs.sort()
+    # The code points below this bound are starters that neither decompose nor compose with a
+    # preceding starter: unicode.c's NFC copies them as they are.
+    fast = min(decomp[0][0], ccc_runs[0][0], min(b for _, b, _ in pairs))
+    return {"version": unicodedata.unidata_version, "classes": uc.class_ranges(), "ccc": ccc_runs,
+            "decomp": decomp, "pairs": pairs, "fast": fast,
+            "class_codes": (uc.OTHER, uc.LETTER, uc.NUMBER, uc.SPACE)}
+
+
+def _rows(items: list[str], per_line: int) -> str:
+    return "\n".join("    " + ", ".join(items[i:i + per_line]) + ","
+                     for i in range(0, len(items), per_line))
+
+
+def render() -> str:
+    t = tables()
+    if t["class_codes"] != (0, 1, 2, 3):
+        raise SystemExit("gen_unicode_tables: unicode_classes codes differ from unicode.h's")
+    cls = t["classes"]
+    pool: list[int] = []
+    dec_rows = []
+    for cp, seq in t["decomp"]:
+        dec_rows.append(f"{{0x{cp:X}, {len(pool)}, {len(seq)}}}")
+        pool.extend(seq)
+    return f"""/* unicode_tables.h: GENERATED by tools/gen_unicode_tables.py from Python's unicodedata
+ * (Unicode {t["version"]}). Do not edit; backends/native/build.py regenerates it. */
+#ifndef MLRT_UNICODE_TABLES_H
+#define MLRT_UNICODE_TABLES_H
+
+#include <stdint.h>
+
+#define ML_UC_VERSION "{t["version"]}"
+/* Below this code point every character is a starter that neither decomposes nor composes with
+ * a preceding starter. */
+#define ML_UC_NFC_FAST_BELOW 0x{t["fast"]:X}u
+
+/* Pre-tokenizer classes (unicode_classes.class_ranges()): run i covers
+ * [ml_uc_class_start[i], ml_uc_class_start[i + 1]) with class ml_uc_class_code[i]. */
+#define ML_UC_CLASS_RUNS {len(cls)}
+static const uint32_t ml_uc_class_start[ML_UC_CLASS_RUNS] = {{
+{_rows([f"0x{a:X}" for a, _, _ in cls], 10)}
+}};
+static const uint8_t ml_uc_class_code[ML_UC_CLASS_RUNS] = {{
+{_rows([str(k) for _, _, k in cls], 32)}
+}};
+
+/* Non-zero canonical combining classes: runs {{first, last, ccc}}. */
+typedef struct {{ uint32_t first, last; uint8_t ccc; }} ml_uc_ccc_run;
+#define ML_UC_CCC_RUNS {len(t["ccc"])}
+static const ml_uc_ccc_run ml_uc_ccc[ML_UC_CCC_RUNS] = {{
+{_rows([f"{{0x{a:X}, 0x{b:X}, {k}}}" for a, b, k in t["ccc"]], 5)}
+}};
+
+/* Full canonical decompositions (Hangul syllables excepted): {{cp, offset in the pool, length}}. */
+typedef struct {{ uint32_t cp; uint16_t off; uint8_t len; }} ml_uc_decomp_entry;
+#define ML_UC_DECOMPS {len(dec_rows)}
+#define ML_UC_DECOMP_MAX {max(len(s) for _, s in t["decomp"])}
+static const ml_uc_decomp_entry ml_uc_decomp[ML_UC_DECOMPS] = {{
+{_rows(dec_rows, 5)}
+}};
+static const uint32_t ml_uc_decomp_pool[{len(pool)}] = {{
+{_rows([f"0x{c:X}" for c in pool], 10)}
+}};
+
+/* Primary composites (Hangul syllables excepted): {{a, b, composite}}, sorted by (a, b). */
+typedef struct {{ uint32_t a, b, c; }} ml_uc_pair;
+#define ML_UC_PAIRS {len(t["pairs"])}
+static const ml_uc_pair ml_uc_pairs[ML_UC_PAIRS] = {{
+{_rows([f"{{0x{a:X}, 0x{b:X}, 0x{c:X}}}" for a, b, c in t["pairs"]], 4)}
+}};
+
+#endif
+"""
+
+
+def write(out: str | Path = DEFAULT_OUT) -> Path:
+    """Render the header and rename it into place (nothing half-written on failure)."""
+    out = Path(out)
+    text = render()
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    print(write(argv[0] if argv else DEFAULT_OUT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
