@@ -209,7 +209,10 @@ def test_encode_decode_commands(tmp_path):
 def test_bench_tokenizer_runs():
     r = mlconf("bench", "tokenizer")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("reference") == 2 and "MB_s" in r.stdout
+    impls = [line.split()[1] for line in r.stdout.splitlines() if line.split()[:1]
+             and line.split()[0].endswith((".mlt", ".json"))]
+    assert impls.count("reference") == 2 and "MB_s" in r.stdout, r.stdout
+    assert impls.count("native") == 2, r.stdout     # the C encoder, in-process
 
 
 def test_unwritable_outputs_are_errors_not_tracebacks(tmp_path):

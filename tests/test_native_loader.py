@@ -45,7 +45,7 @@ NATIVE = REPO / "backends" / "native"
 ERRORS = specs.load("mlb_errors")
 STATUS = {v: k for k, v in ERRORS["statuses"].items()}
 STATUS |= {4: "ML_E_ARG", 5: "ML_E_NOMEM", 6: "ML_E_UNSUPPORTED"}
-ML_OK, ML_E_ARG, ML_E_UNSUPPORTED = 0, 4, 6
+ML_OK, ML_E_IO, ML_E_ARG, ML_E_UNSUPPORTED = 0, 1, 4, 6
 RULE = re.compile(r"\[([a-z0-9_.]+)\]$")
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
 CDEF = abi.CDEF  # the ABI declarations, themselves checked against mlrt.h (test_native_backend)
@@ -177,11 +177,12 @@ def test_load_arguments(native, mlb_fixtures, tmp_path):
     assert ffi.string(lib.ml_version()).startswith(b"mlrt ")
 
 
-def test_tokenizer_is_unsupported(native, tmp_path):
+def test_missing_tokenizer_is_io_and_leaves_no_object(native, tmp_path):
     out = native.ffi.new("ml_tokenizer **")
     rc = native.lib.ml_tok_load(os.fsencode(tmp_path / "t.mlt"), 100, out, native.buf, 1024)
-    assert rc == ML_E_UNSUPPORTED
+    assert rc == ML_E_IO
     assert out[0] == native.ffi.NULL
+    assert str(tmp_path / "t.mlt") in native.ffi.string(native.buf).decode()
 
 
 # ---------------------------------------------------------------- (2) damaged files

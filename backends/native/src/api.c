@@ -1,5 +1,5 @@
 /* api.c: the functions of include/mlrt.h around the loader and the forward pass: version,
- * model lifetime, the Q8_0 quantizer, and the tokenizer entry points (not implemented yet).
+ * model lifetime and the Q8_0 quantizer (the tokenizer's are in tok_load.c and tok_encode.c).
  *
  * The f16-scale quantizer below follows specs/quant.yaml q8_0 f16_scales: one float32 rounding
  * per statement (also exact on x87, where an expression keeps excess precision) and no FMA
@@ -137,30 +137,4 @@ ML_API int ml_quantize_q8_0(const float *x, size_t n, int f16, int8_t *q, void *
     uint16_t *d16 = d;
     for (size_t b = 0; b < nb; b++) d16[b] = q8_0_f16_block(x + b * QK, q + b * QK);
     return ML_OK;
-}
-
-/* ---------------------------------------------------------------- tokenizers (not implemented) */
-ML_API int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason,
-                       size_t reason_len) {
-    (void)model_vocab;
-    if (out) *out = NULL;
-    ml_reason(reason, reason_len, "%s: the .mlt tokenizer is not implemented by this library",
-              path ? path : "(null)");
-    return ML_E_UNSUPPORTED;
-}
-
-ML_API void ml_tok_free(ml_tokenizer *t) { (void)t; }
-
-ML_API int ml_tok_encode(const ml_tokenizer *t, const char *text, size_t len, int32_t *ids, size_t cap,
-                         size_t *n_out) {
-    (void)t, (void)text, (void)len, (void)ids, (void)cap;
-    if (n_out) *n_out = 0;
-    return ML_E_UNSUPPORTED;
-}
-
-ML_API int ml_tok_decode(const ml_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
-                         size_t *len_out) {
-    (void)t, (void)ids, (void)n, (void)out, (void)cap;
-    if (len_out) *len_out = 0;
-    return ML_E_UNSUPPORTED;
 }
