@@ -43,81 +43,59 @@ enum {
     CLS_SHARED_TOK_EMB = 3,     /* a shared tok_emb is Q8_0 if bit 1 or 2 is set */
 };
 
-/* ---------------------------------------------------------------- reasons */
-typedef struct {
-    const char *path;
-    char *reason;
-    size_t reason_len;
-} report;
-
-/* Fill the reason as "PATH: <what> [rule]" and return the status. */
-__attribute__((format(printf, 4, 5)))
-static int fail(const report *r, int status, const char *rule, const char *fmt, ...) {
-    char what[384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    ml_reason(r->reason, r->reason_len, "%s: %s [%s]", r->path, what, rule);
-    return status;
-}
-
 /* ---------------------------------------------------------------- header */
-static uint32_t rd_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 static float rd_f32(const uint8_t *p) {
-    uint32_t u = rd_u32(p);
+    uint32_t u = ml_rd_u32(p);
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
 }
 
 static void parse_header(const uint8_t *b, ml_header *h) {
-    h->dim = rd_u32(b + 8);
-    h->n_layers = rd_u32(b + 12);
-    h->n_heads = rd_u32(b + 16);
-    h->n_kv_heads = rd_u32(b + 20);
-    h->hidden_dim = rd_u32(b + 24);
-    h->vocab = rd_u32(b + 28);
-    h->max_seq = rd_u32(b + 32);
+    h->dim = ml_rd_u32(b + 8);
+    h->n_layers = ml_rd_u32(b + 12);
+    h->n_heads = ml_rd_u32(b + 16);
+    h->n_kv_heads = ml_rd_u32(b + 20);
+    h->hidden_dim = ml_rd_u32(b + 24);
+    h->vocab = ml_rd_u32(b + 28);
+    h->max_seq = ml_rd_u32(b + 32);
     h->rope_theta = rd_f32(b + 36);
     h->norm_eps = rd_f32(b + 40);
-    h->wtype = rd_u32(b + 44);
-    h->shared_classifier = rd_u32(b + 48);
-    h->rope_type = rd_u32(b + 52);
+    h->wtype = ml_rd_u32(b + 44);
+    h->shared_classifier = ml_rd_u32(b + 48);
+    h->rope_type = ml_rd_u32(b + 52);
     h->rope_factor = rd_f32(b + 56);
     h->rope_low_freq_factor = rd_f32(b + 60);
     h->rope_high_freq_factor = rd_f32(b + 64);
-    h->rope_orig_max_seq = rd_u32(b + 68);
-    h->q8_mask = rd_u32(b + 72);
-    h->qkv_bias = rd_u32(b + 76);
-    h->head_dim = rd_u32(b + 80);
-    h->qk_norm = rd_u32(b + 84);
+    h->rope_orig_max_seq = ml_rd_u32(b + 68);
+    h->q8_mask = ml_rd_u32(b + 72);
+    h->qkv_bias = ml_rd_u32(b + 76);
+    h->head_dim = ml_rd_u32(b + 80);
+    h->qk_norm = ml_rd_u32(b + 84);
     h->rope_attn_factor = rd_f32(b + 88);
-    h->sliding_window = rd_u32(b + 92);
-    h->layer_flags = rd_u32(b + 96);
+    h->sliding_window = ml_rd_u32(b + 92);
+    h->layer_flags = ml_rd_u32(b + 96);
     h->rope_local_theta = rd_f32(b + 100);
-    h->act = rd_u32(b + 104);
-    h->post_norms = rd_u32(b + 108);
+    h->act = ml_rd_u32(b + 104);
+    h->post_norms = ml_rd_u32(b + 108);
     h->embed_scale = rd_f32(b + 112);
     h->attn_scale = rd_f32(b + 116);
-    h->scale_f16 = rd_u32(b + 120);
+    h->scale_f16 = ml_rd_u32(b + 120);
     h->attn_softcap = rd_f32(b + 124);
     h->final_softcap = rd_f32(b + 128);
-    h->rot_dim = rd_u32(b + 132);
-    h->attn_gate = rd_u32(b + 136);
-    h->lin_k_heads = rd_u32(b + 140);
-    h->lin_v_heads = rd_u32(b + 144);
-    h->lin_k_dim = rd_u32(b + 148);
-    h->lin_v_dim = rd_u32(b + 152);
-    h->lin_conv = rd_u32(b + 156);
+    h->rot_dim = ml_rd_u32(b + 132);
+    h->attn_gate = ml_rd_u32(b + 136);
+    h->lin_k_heads = ml_rd_u32(b + 140);
+    h->lin_v_heads = ml_rd_u32(b + 144);
+    h->lin_k_dim = ml_rd_u32(b + 148);
+    h->lin_v_dim = ml_rd_u32(b + 152);
+    h->lin_conv = ml_rd_u32(b + 156);
 }
 
 /* ---------------------------------------------------------------- the open file */
 typedef struct {
-    report rep;
+    ml_report rep;
     const uint8_t *map;         /* the whole file, read-only */
     size_t size;
     ml_header h;
@@ -291,29 +269,29 @@ static uint64_t required_size(const mlb_file *f, bool *overflow) {
 
 /* ---------------------------------------------------------------- open and map */
 static int open_file(mlb_file *f) {
-    const report *r = &f->rep;
+    const ml_report *r = &f->rep;
     /* O_NONBLOCK: a FIFO must not hang the loader (no effect on regular files). */
     int fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return fail(r, ML_E_IO, "io.open", "cannot open: %s", strerror(errno));
+    if (fd < 0) return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s", strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return fail(r, ML_E_IO, "io.open", "cannot stat: %s", strerror(e));
+        return ml_fail(r, ML_E_IO, "io.open", "cannot stat: %s", strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(r, ML_E_IO, "io.open", "cannot open: %s",
+        return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s",
                     S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
     }
     /* Empty and short files are refused before mmap (which cannot map 0 bytes). */
     if (st.st_size == 0) {
         close(fd);
-        return fail(r, ML_E_FORMAT, "format.empty", "the file is empty");
+        return ml_fail(r, ML_E_FORMAT, "format.empty", "the file is empty");
     }
     if (st.st_size < HEADER_SIZE) {
         close(fd);
-        return fail(r, ML_E_FORMAT, "format.short_header",
+        return ml_fail(r, ML_E_FORMAT, "format.short_header",
                     "the file has %lld bytes, shorter than the 256-byte header", (long long)st.st_size);
     }
     bool too_big = false;
@@ -322,7 +300,7 @@ static int open_file(mlb_file *f) {
     int e = too_big ? ENOMEM : errno;
     close(fd);
     if (map == MAP_FAILED)
-        return fail(r, e == ENOMEM ? ML_E_NOMEM : ML_E_IO, "io.open", "cannot map %lld bytes: %s",
+        return ml_fail(r, e == ENOMEM ? ML_E_NOMEM : ML_E_IO, "io.open", "cannot map %lld bytes: %s",
                     (long long)st.st_size, strerror(e));
     f->map = map;
     f->size = size;
@@ -342,95 +320,95 @@ static bool finite_positive(float v) { return isfinite(v) && v > 0; }
 static bool finite_nonneg(float v) { return isfinite(v) && v >= 0; }   /* -0.0 >= 0 */
 
 static int check_header_format(const mlb_file *f) {
-    const report *r = &f->rep;
+    const ml_report *r = &f->rep;
     const uint8_t *b = f->map;
     const ml_header *h = &f->h;
     const int F = ML_E_FORMAT;
     if (memcmp(b, "MLB1", 4) != 0)
-        return fail(r, F, "format.magic", "magic is %02x %02x %02x %02x, expected \"MLB1\"", b[0], b[1], b[2], b[3]);
-    uint32_t version = rd_u32(b + 4);
+        return ml_fail(r, F, "format.magic", "magic is %02x %02x %02x %02x, expected \"MLB1\"", b[0], b[1], b[2], b[3]);
+    uint32_t version = ml_rd_u32(b + 4);
     if (version != 1)
-        return fail(r, F, "format.version", FIELD_U(version, 4) ", only version 1 is defined", version);
+        return ml_fail(r, F, "format.version", FIELD_U(version, 4) ", only version 1 is defined", version);
     for (int i = 160; i < HEADER_SIZE; i++)
-        if (b[i]) return fail(r, F, "format.padding", "header byte %d is 0x%02x; bytes 160..255 must be zero", i, b[i]);
+        if (b[i]) return ml_fail(r, F, "format.padding", "header byte %d is 0x%02x; bytes 160..255 must be zero", i, b[i]);
     if (h->wtype != ML_FMT_Q8_0 && h->wtype != ML_FMT_Q4_0)
-        return fail(r, F, "format.wtype", FIELD_U(wtype, 44) " is not 1 (Q8_0) or 2 (Q4_0)", h->wtype);
+        return ml_fail(r, F, "format.wtype", FIELD_U(wtype, 44) " is not 1 (Q8_0) or 2 (Q4_0)", h->wtype);
     if (h->wtype == ML_FMT_Q8_0 && h->q8_mask)
-        return fail(r, F, "format.q8_mask.q8_model", FIELD_U(q8_mask, 72) " on a Q8_0 model; it must be 0", h->q8_mask);
+        return ml_fail(r, F, "format.q8_mask.q8_model", FIELD_U(q8_mask, 72) " on a Q8_0 model; it must be 0", h->q8_mask);
     if (h->q8_mask & ~0x7Fu)
-        return fail(r, F, "format.q8_mask.unknown_bits", FIELD_U(q8_mask, 72) " sets bits above 0..6", h->q8_mask);
+        return ml_fail(r, F, "format.q8_mask.unknown_bits", FIELD_U(q8_mask, 72) " sets bits above 0..6", h->q8_mask);
     if (!finite_positive(h->rope_theta))
-        return fail(r, F, "format.rope_theta", FIELD_F(rope_theta, 36) " must be finite and > 0", h->rope_theta);
+        return ml_fail(r, F, "format.rope_theta", FIELD_F(rope_theta, 36) " must be finite and > 0", h->rope_theta);
     if (!finite_nonneg(h->norm_eps))
-        return fail(r, F, "format.norm_eps", FIELD_F(norm_eps, 40) " must be finite and >= 0", h->norm_eps);
+        return ml_fail(r, F, "format.norm_eps", FIELD_F(norm_eps, 40) " must be finite and >= 0", h->norm_eps);
     if (h->rope_type > 3)
-        return fail(r, F, "format.rope_type", FIELD_U(rope_type, 52) " is not 0..3", h->rope_type);
+        return ml_fail(r, F, "format.rope_type", FIELD_U(rope_type, 52) " is not 0..3", h->rope_type);
     if (h->rope_type == 1) {   /* llama3 */
         if (!finite_positive(h->rope_factor))
-            return fail(r, F, "format.llama3.factor", FIELD_F(rope_factor, 56) ": llama3 needs > 0", h->rope_factor);
+            return ml_fail(r, F, "format.llama3.factor", FIELD_F(rope_factor, 56) ": llama3 needs > 0", h->rope_factor);
         if (!finite_positive(h->rope_low_freq_factor))
-            return fail(r, F, "format.llama3.low_freq_factor", FIELD_F(rope_low_freq_factor, 60) ": llama3 needs > 0",
+            return ml_fail(r, F, "format.llama3.low_freq_factor", FIELD_F(rope_low_freq_factor, 60) ": llama3 needs > 0",
                         h->rope_low_freq_factor);
         if (!(isfinite(h->rope_high_freq_factor) && h->rope_high_freq_factor > h->rope_low_freq_factor))
-            return fail(r, F, "format.llama3.high_freq_factor",
+            return ml_fail(r, F, "format.llama3.high_freq_factor",
                         FIELD_F(rope_high_freq_factor, 64) ": llama3 needs a finite value > rope_low_freq_factor",
                         h->rope_high_freq_factor);
         if (!h->rope_orig_max_seq)
-            return fail(r, F, "format.llama3.orig_max_seq", FIELD_U(rope_orig_max_seq, 68) ": llama3 needs > 0",
+            return ml_fail(r, F, "format.llama3.orig_max_seq", FIELD_U(rope_orig_max_seq, 68) ": llama3 needs > 0",
                         h->rope_orig_max_seq);
     }
     if (h->rope_type == 2 && !finite_positive(h->rope_factor))
-        return fail(r, F, "format.linear.factor", FIELD_F(rope_factor, 56) ": linear needs > 0", h->rope_factor);
+        return ml_fail(r, F, "format.linear.factor", FIELD_F(rope_factor, 56) ": linear needs > 0", h->rope_factor);
     if (h->rope_type == 3) {   /* yarn: low = beta_fast, high = beta_slow */
         if (!finite_positive(h->rope_factor))
-            return fail(r, F, "format.yarn.factor", FIELD_F(rope_factor, 56) ": yarn needs > 0", h->rope_factor);
+            return ml_fail(r, F, "format.yarn.factor", FIELD_F(rope_factor, 56) ": yarn needs > 0", h->rope_factor);
         if (!finite_positive(h->rope_high_freq_factor))
-            return fail(r, F, "format.yarn.beta_slow", FIELD_F(rope_high_freq_factor, 64) ": yarn needs beta_slow > 0",
+            return ml_fail(r, F, "format.yarn.beta_slow", FIELD_F(rope_high_freq_factor, 64) ": yarn needs beta_slow > 0",
                         h->rope_high_freq_factor);
         if (!(isfinite(h->rope_low_freq_factor) && h->rope_high_freq_factor < h->rope_low_freq_factor))
-            return fail(r, F, "format.yarn.beta_order",
+            return ml_fail(r, F, "format.yarn.beta_order",
                         FIELD_F(rope_low_freq_factor, 60) ": yarn needs a finite beta_fast > beta_slow",
                         h->rope_low_freq_factor);
         if (!h->rope_orig_max_seq)
-            return fail(r, F, "format.yarn.orig_max_seq", FIELD_U(rope_orig_max_seq, 68) ": yarn needs > 0",
+            return ml_fail(r, F, "format.yarn.orig_max_seq", FIELD_U(rope_orig_max_seq, 68) ": yarn needs > 0",
                         h->rope_orig_max_seq);
         if (!finite_positive(h->rope_attn_factor))
-            return fail(r, F, "format.yarn.attn_factor", FIELD_F(rope_attn_factor, 88) ": yarn needs > 0",
+            return ml_fail(r, F, "format.yarn.attn_factor", FIELD_F(rope_attn_factor, 88) ": yarn needs > 0",
                         h->rope_attn_factor);
     }
     if (h->rope_type != 3 && h->rope_attn_factor != 0)   /* NaN != 0 too */
-        return fail(r, F, "format.rope_attn_factor_without_yarn", FIELD_F(rope_attn_factor, 88) " without yarn",
+        return ml_fail(r, F, "format.rope_attn_factor_without_yarn", FIELD_F(rope_attn_factor, 88) " without yarn",
                     h->rope_attn_factor);
-    if (h->qkv_bias > 1) return fail(r, F, "format.bool.qkv_bias", FIELD_U(qkv_bias, 76) " must be 0 or 1", h->qkv_bias);
-    if (h->qk_norm > 1) return fail(r, F, "format.bool.qk_norm", FIELD_U(qk_norm, 84) " must be 0 or 1", h->qk_norm);
+    if (h->qkv_bias > 1) return ml_fail(r, F, "format.bool.qkv_bias", FIELD_U(qkv_bias, 76) " must be 0 or 1", h->qkv_bias);
+    if (h->qk_norm > 1) return ml_fail(r, F, "format.bool.qk_norm", FIELD_U(qk_norm, 84) " must be 0 or 1", h->qk_norm);
     if (h->layer_flags > 1)
-        return fail(r, F, "format.bool.layer_flags", FIELD_U(layer_flags, 96) " must be 0 or 1", h->layer_flags);
+        return ml_fail(r, F, "format.bool.layer_flags", FIELD_U(layer_flags, 96) " must be 0 or 1", h->layer_flags);
     if (h->post_norms > 1)
-        return fail(r, F, "format.bool.post_norms", FIELD_U(post_norms, 108) " must be 0 or 1", h->post_norms);
+        return ml_fail(r, F, "format.bool.post_norms", FIELD_U(post_norms, 108) " must be 0 or 1", h->post_norms);
     if (h->scale_f16 > 1)
-        return fail(r, F, "format.bool.scale_f16", FIELD_U(scale_f16, 120) " must be 0 or 1", h->scale_f16);
+        return ml_fail(r, F, "format.bool.scale_f16", FIELD_U(scale_f16, 120) " must be 0 or 1", h->scale_f16);
     if (h->attn_gate > 1)
-        return fail(r, F, "format.bool.attn_gate", FIELD_U(attn_gate, 136) " must be 0 or 1", h->attn_gate);
-    if (h->act > 1) return fail(r, F, "format.act", FIELD_U(act, 104) " is not 0 (SiLU) or 1 (GELU tanh)", h->act);
+        return ml_fail(r, F, "format.bool.attn_gate", FIELD_U(attn_gate, 136) " must be 0 or 1", h->attn_gate);
+    if (h->act > 1) return ml_fail(r, F, "format.act", FIELD_U(act, 104) " is not 0 (SiLU) or 1 (GELU tanh)", h->act);
     if (!finite_nonneg(h->embed_scale))
-        return fail(r, F, "format.embed_scale", FIELD_F(embed_scale, 112) " must be finite and >= 0", h->embed_scale);
+        return ml_fail(r, F, "format.embed_scale", FIELD_F(embed_scale, 112) " must be finite and >= 0", h->embed_scale);
     if (!finite_nonneg(h->attn_scale))
-        return fail(r, F, "format.attn_scale", FIELD_F(attn_scale, 116) " must be finite and >= 0", h->attn_scale);
+        return ml_fail(r, F, "format.attn_scale", FIELD_F(attn_scale, 116) " must be finite and >= 0", h->attn_scale);
     if (!finite_nonneg(h->attn_softcap))
-        return fail(r, F, "format.attn_softcap", FIELD_F(attn_softcap, 124) " must be finite and >= 0", h->attn_softcap);
+        return ml_fail(r, F, "format.attn_softcap", FIELD_F(attn_softcap, 124) " must be finite and >= 0", h->attn_softcap);
     if (!finite_nonneg(h->final_softcap))
-        return fail(r, F, "format.final_softcap", FIELD_F(final_softcap, 128) " must be finite and >= 0",
+        return ml_fail(r, F, "format.final_softcap", FIELD_F(final_softcap, 128) " must be finite and >= 0",
                     h->final_softcap);
     if (!finite_nonneg(h->rope_local_theta))
-        return fail(r, F, "format.rope_local_theta", FIELD_F(rope_local_theta, 100) " must be finite and >= 0",
+        return ml_fail(r, F, "format.rope_local_theta", FIELD_F(rope_local_theta, 100) " must be finite and >= 0",
                     h->rope_local_theta);
     if (h->sliding_window > LIMIT_2_24)
-        return fail(r, F, "format.sliding_window", FIELD_U(sliding_window, 92) " is above 2^24", h->sliding_window);
+        return ml_fail(r, F, "format.sliding_window", FIELD_U(sliding_window, 92) " is above 2^24", h->sliding_window);
     return ML_OK;
 }
 
 static int check_header_shape(mlb_file *f) {
-    const report *r = &f->rep;
+    const ml_report *r = &f->rep;
     const ml_header *h = &f->h;
     const int S = ML_E_SHAPE;
     const struct { const char *rule, *what; uint32_t v; } nonzero[] = {
@@ -442,7 +420,7 @@ static int check_header_shape(mlb_file *f) {
         {"shape.zero.max_seq", "max_seq (offset 32)", h->max_seq},
     };
     for (size_t i = 0; i < sizeof nonzero / sizeof nonzero[0]; i++)
-        if (!nonzero[i].v) return fail(r, S, nonzero[i].rule, "header field %s must not be zero", nonzero[i].what);
+        if (!nonzero[i].v) return ml_fail(r, S, nonzero[i].rule, "header field %s must not be zero", nonzero[i].what);
     const struct { const char *rule, *what; uint32_t v, limit; } limits[] = {
         {"shape.limit.dim", "dim (offset 8)", h->dim, LIMIT_DIMS},
         {"shape.limit.n_layers", "n_layers (offset 12)", h->n_layers, LIMIT_DIMS},
@@ -454,40 +432,40 @@ static int check_header_shape(mlb_file *f) {
     };
     for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
         if (limits[i].v > limits[i].limit)
-            return fail(r, S, limits[i].rule, "header field %s = %" PRIu32 " is above the limit %" PRIu32,
+            return ml_fail(r, S, limits[i].rule, "header field %s = %" PRIu32 " is above the limit %" PRIu32,
                         limits[i].what, limits[i].v, limits[i].limit);
-    if (h->dim % 32) return fail(r, S, "shape.dim_multiple_32", FIELD_U(dim, 8) " is not a multiple of 32", h->dim);
+    if (h->dim % 32) return ml_fail(r, S, "shape.dim_multiple_32", FIELD_U(dim, 8) " is not a multiple of 32", h->dim);
     if (h->hidden_dim % 32)
-        return fail(r, S, "shape.hidden_multiple_32", FIELD_U(hidden_dim, 24) " is not a multiple of 32", h->hidden_dim);
+        return ml_fail(r, S, "shape.hidden_multiple_32", FIELD_U(hidden_dim, 24) " is not a multiple of 32", h->hidden_dim);
     if (!h->head_dim && h->dim % h->n_heads)
-        return fail(r, S, "shape.heads_divide_dim", FIELD_U(n_heads, 16) " does not divide dim and head_dim is 0",
+        return ml_fail(r, S, "shape.heads_divide_dim", FIELD_U(n_heads, 16) " does not divide dim and head_dim is 0",
                     h->n_heads);
     if (h->n_heads % h->n_kv_heads)
-        return fail(r, S, "shape.kv_divide_heads", FIELD_U(n_kv_heads, 20) " does not divide n_heads", h->n_kv_heads);
+        return ml_fail(r, S, "shape.kv_divide_heads", FIELD_U(n_kv_heads, 20) " does not divide n_heads", h->n_kv_heads);
     /* head_dim <= 2^32 - 1 and n_heads <= 2^16: the products fit in 64 bits. */
     f->head_dim = h->head_dim ? h->head_dim : h->dim / h->n_heads;
     f->q_dim = f->head_dim * h->n_heads;
     f->kv_dim = f->head_dim * h->n_kv_heads;
     f->rot_dim = h->rot_dim ? h->rot_dim : f->head_dim;
     if (f->head_dim % 2)
-        return fail(r, S, "shape.odd_head_dim", "head_dim = %" PRIu64 " (%s) is odd", f->head_dim,
+        return ml_fail(r, S, "shape.odd_head_dim", "head_dim = %" PRIu64 " (%s) is odd", f->head_dim,
                     h->head_dim ? "header field head_dim (offset 80)" : "dim / n_heads");
     if (f->q_dim % 32)
-        return fail(r, S, "shape.q_dim_multiple_32", "q_dim = head_dim x n_heads = %" PRIu64 " is not a multiple of 32",
+        return ml_fail(r, S, "shape.q_dim_multiple_32", "q_dim = head_dim x n_heads = %" PRIu64 " is not a multiple of 32",
                     f->q_dim);
     if (f->q_dim > LIMIT_Q_DIM)
-        return fail(r, S, "shape.q_dim_limit", "q_dim = head_dim x n_heads = %" PRIu64 " is above 65536", f->q_dim);
+        return ml_fail(r, S, "shape.q_dim_limit", "q_dim = head_dim x n_heads = %" PRIu64 " is above 65536", f->q_dim);
     if (h->vocab < 3)
-        return fail(r, S, "shape.vocab_min", FIELD_U(vocab, 28) " is below 3 (ids 1 and 2 are BOS and EOS)", h->vocab);
+        return ml_fail(r, S, "shape.vocab_min", FIELD_U(vocab, 28) " is below 3 (ids 1 and 2 are BOS and EOS)", h->vocab);
     if (h->rot_dim % 2 || h->rot_dim > f->head_dim)
-        return fail(r, S, "shape.rot_dim", FIELD_U(rot_dim, 132) " must be even and at most head_dim = %" PRIu64,
+        return ml_fail(r, S, "shape.rot_dim", FIELD_U(rot_dim, 132) " must be even and at most head_dim = %" PRIu64,
                     h->rot_dim, f->head_dim);
     return ML_OK;
 }
 
 /* The layer-flag rules; each looks at every layer before the next rule runs. */
 static int check_flags(mlb_file *f) {
-    const report *r = &f->rep;
+    const ml_report *r = &f->rep;
     const ml_header *h = &f->h;
     if (!h->layer_flags) return ML_OK;
     if (f->size < (uint64_t)HEADER_SIZE + h->n_layers) return ML_OK;   /* cut: a truncated body, below */
@@ -496,22 +474,22 @@ static int check_flags(mlb_file *f) {
     uint32_t n = h->n_layers;
     for (uint32_t i = 0; i < n; i++)
         if (fl[i] & 0xF0)
-            return fail(r, ML_E_FORMAT, "format.layer.unknown_bits",
+            return ml_fail(r, ML_E_FORMAT, "format.layer.unknown_bits",
                         "layer flag byte of layer %" PRIu32 " (offset %" PRIu32 ") = 0x%02x: bits 4..7 must be 0",
                         i, HEADER_SIZE + i, fl[i]);
     for (uint32_t i = 0; i < n; i++)
         if ((fl[i] & 6) == 6)
-            return fail(r, ML_E_FORMAT, "format.layer.local_and_norope",
+            return ml_fail(r, ML_E_FORMAT, "format.layer.local_and_norope",
                         "layer flag byte of layer %" PRIu32 " = 0x%02x: bit 1 (local RoPE base) and bit 2 (no RoPE) "
                         "cannot be combined", i, fl[i]);
     for (uint32_t i = 0; i < n; i++)
         if ((fl[i] & LINEAR_BIT) && fl[i] != LINEAR_BIT)
-            return fail(r, ML_E_FORMAT, "format.layer.linear_not_alone",
+            return ml_fail(r, ML_E_FORMAT, "format.layer.linear_not_alone",
                         "layer flag byte of layer %" PRIu32 " = 0x%02x: bit 3 (linear attention) must be alone", i, fl[i]);
     if (h->rope_local_theta == 0)
         for (uint32_t i = 0; i < n; i++)
             if (fl[i] & 2)
-                return fail(r, ML_E_FORMAT, "format.layer.local_without_theta",
+                return ml_fail(r, ML_E_FORMAT, "format.layer.local_without_theta",
                             "layer flag byte of layer %" PRIu32 " = 0x%02x: a local-RoPE layer needs rope_local_theta > 0,"
                             " header field rope_local_theta (offset 100) is 0", i, fl[i]);
     for (uint32_t i = 0; i < n; i++) f->n_linear += (fl[i] & LINEAR_BIT) != 0;
@@ -520,30 +498,30 @@ static int check_flags(mlb_file *f) {
 
 /* decision header.linear: the lin_* fields are checked only when a layer has flag bit 3. */
 static int check_linear(mlb_file *f) {
-    const report *r = &f->rep;
+    const ml_report *r = &f->rep;
     const ml_header *h = &f->h;
     const int S = ML_E_SHAPE;
     if (!f->n_linear) return ML_OK;
-    if (!h->lin_k_heads) return fail(r, S, "shape.linear.k_heads", FIELD_U(lin_k_heads, 140) " must be > 0", h->lin_k_heads);
-    if (!h->lin_v_heads) return fail(r, S, "shape.linear.v_heads", FIELD_U(lin_v_heads, 144) " must be > 0", h->lin_v_heads);
+    if (!h->lin_k_heads) return ml_fail(r, S, "shape.linear.k_heads", FIELD_U(lin_k_heads, 140) " must be > 0", h->lin_k_heads);
+    if (!h->lin_v_heads) return ml_fail(r, S, "shape.linear.v_heads", FIELD_U(lin_v_heads, 144) " must be > 0", h->lin_v_heads);
     if (h->lin_v_heads % 4 || h->lin_v_heads % h->lin_k_heads)
-        return fail(r, S, "shape.linear.v_heads_multiple",
+        return ml_fail(r, S, "shape.linear.v_heads_multiple",
                     FIELD_U(lin_v_heads, 144) " must be a multiple of 4 and of lin_k_heads", h->lin_v_heads);
-    if (!h->lin_k_dim) return fail(r, S, "shape.linear.k_dim", FIELD_U(lin_k_dim, 148) " must be > 0", h->lin_k_dim);
-    if (!h->lin_v_dim) return fail(r, S, "shape.linear.v_dim", FIELD_U(lin_v_dim, 152) " must be > 0", h->lin_v_dim);
+    if (!h->lin_k_dim) return ml_fail(r, S, "shape.linear.k_dim", FIELD_U(lin_k_dim, 148) " must be > 0", h->lin_k_dim);
+    if (!h->lin_v_dim) return ml_fail(r, S, "shape.linear.v_dim", FIELD_U(lin_v_dim, 152) " must be > 0", h->lin_v_dim);
     f->lin_v_width = (uint64_t)h->lin_v_heads * h->lin_v_dim;   /* two u32: fits */
     if (f->lin_v_width % 32)
-        return fail(r, S, "shape.linear.v_width_multiple_32",
+        return ml_fail(r, S, "shape.linear.v_width_multiple_32",
                     FIELD_U(lin_v_dim, 152) ": lin_v_heads x lin_v_dim must be a multiple of 32", h->lin_v_dim);
-    if (!h->lin_conv) return fail(r, S, "shape.linear.conv", FIELD_U(lin_conv, 156) " must be > 0", h->lin_conv);
+    if (!h->lin_conv) return ml_fail(r, S, "shape.linear.conv", FIELD_U(lin_conv, 156) " must be > 0", h->lin_conv);
     return ML_OK;
 }
 
 static int check_body(mlb_file *f) {
-    const report *r = &f->rep;
+    const ml_report *r = &f->rep;
     const ml_header *h = &f->h;
     if (h->layer_flags && !f->flags)
-        return fail(r, ML_E_FORMAT, "format.truncated_body",
+        return ml_fail(r, ML_E_FORMAT, "format.truncated_body",
                     "the file has %zu bytes; the %" PRIu32 " layer-flag bytes end at %" PRIu64,
                     f->size, h->n_layers, (uint64_t)HEADER_SIZE + h->n_layers);
     if (f->n_linear) {   /* 2 K dk + V dv: up to 2^66, so checked (a layer larger than any file) */
@@ -551,27 +529,27 @@ static int check_body(mlb_file *f) {
         f->lin_qkv = ml_add_u64(ml_mul_u64(2 * (uint64_t)h->lin_k_heads, h->lin_k_dim, &overflow),
                                 f->lin_v_width, &overflow);
         if (overflow)
-            return fail(r, ML_E_FORMAT, "format.truncated_body",
+            return ml_fail(r, ML_E_FORMAT, "format.truncated_body",
                         "the file has %zu bytes; the lqkv rows of the header (2 x lin_k_heads x lin_k_dim + "
                         "lin_v_heads x lin_v_dim) exceed 2^64", f->size);
     }
     bool overflow = false;
     uint64_t need = required_size(f, &overflow);
     if (overflow)
-        return fail(r, ML_E_FORMAT, "format.truncated_body",
+        return ml_fail(r, ML_E_FORMAT, "format.truncated_body",
                     "the file has %zu bytes; the header implies more than 2^64", f->size);
     if (f->size < need)
-        return fail(r, ML_E_FORMAT, "format.truncated_body",
+        return ml_fail(r, ML_E_FORMAT, "format.truncated_body",
                     "the file has %zu bytes; the header implies %" PRIu64, f->size, need);
     /* Every array is inside the file now: scan the Q8_0 quants (and count the f16 scales). */
     ml_model scratch = {0};
     cursor c = {.f = f, .map = f->map, .scan = true};
     walk_body(&c, &scratch, NULL);
     if (c.overflow)   /* cannot happen once need <= size; kept as a guard */
-        return fail(r, ML_E_FORMAT, "format.truncated_body", "the body's offsets overflow");
+        return ml_fail(r, ML_E_FORMAT, "format.truncated_body", "the body's offsets overflow");
     f->n_scales = c.n_scales;
     if (c.bad[0])
-        return fail(r, ML_E_FORMAT, "format.q8_minus128",
+        return ml_fail(r, ML_E_FORMAT, "format.q8_minus128",
                     "array %s (Q8_0 quants at offset %" PRIu64 ") has -128 at element %" PRIu64
                     "; quants must be in [-127, 127]", c.bad, c.bad_offset, c.bad_index);
     return ML_OK;
@@ -593,7 +571,7 @@ static int validate(mlb_file *f) {
 /* ---------------------------------------------------------------- public */
 ML_API int ml_check(const char *path, char *reason, size_t reason_len) {
     mlb_file f = {.rep = {path ? path : "(null)", reason, reason_len}};
-    if (!path) return fail(&f.rep, ML_E_ARG, "io.open", "no path");
+    if (!path) return ml_fail(&f.rep, ML_E_ARG, "io.open", "no path");
     int rc = validate(&f);
     if (rc == ML_OK) {
         ml_reason(reason, reason_len, "%s: accepted", path);
@@ -605,7 +583,7 @@ ML_API int ml_check(const char *path, char *reason, size_t reason_len) {
 int ml_model_open(const char *path, struct ml_model *m, char *reason, size_t reason_len) {
     memset(m, 0, sizeof *m);
     mlb_file f = {.rep = {path ? path : "(null)", reason, reason_len}};
-    if (!path) return fail(&f.rep, ML_E_ARG, "io.open", "no path");
+    if (!path) return ml_fail(&f.rep, ML_E_ARG, "io.open", "no path");
     int rc = validate(&f);
     if (rc != ML_OK) return rc;
     m->h = f.h;
@@ -615,7 +593,7 @@ int ml_model_open(const char *path, struct ml_model *m, char *reason, size_t rea
      * dimensions in int32 (every other one is at most 2^24 by the rules). */
     if (f.n_linear && (f.lin_qkv > INT32_MAX || f.lin_v_width > INT32_MAX || f.h.lin_conv > INT32_MAX)) {
         ml_model_close(m);
-        return fail(&f.rep, ML_E_UNSUPPORTED, "runtime.int32",
+        return ml_fail(&f.rep, ML_E_UNSUPPORTED, "runtime.int32",
                     "linear-attention widths above 2^31 - 1 (lqkv rows %" PRIu64 ", lin_conv %" PRIu32 ")",
                     f.lin_qkv, f.h.lin_conv);
     }
@@ -631,7 +609,7 @@ int ml_model_open(const char *path, struct ml_model *m, char *reason, size_t rea
     if (f.h.scale_f16 && !overflow) m->f16_scales = malloc(scale_bytes ? scale_bytes : 1);
     if (!m->layers || (f.h.scale_f16 && !m->f16_scales)) {
         ml_model_close(m);
-        return fail(&f.rep, ML_E_NOMEM, "runtime.nomem", "cannot allocate %" PRIu32 " layers and %zu f16 scales",
+        return ml_fail(&f.rep, ML_E_NOMEM, "runtime.nomem", "cannot allocate %" PRIu32 " layers and %zu f16 scales",
                     f.h.n_layers, f.n_scales);
     }
     cursor c = {.f = &f, .map = f.map, .scales = m->f16_scales};

@@ -26,42 +26,21 @@
 #define FLAGS_ALL 0x7Fu
 static const uint32_t KIND_FLAGS[3] = {0, 1 | 2 | 4, 1 | 2 | 8 | 16 | 32 | 64};   /* flags[].kinds */
 
-typedef struct {
-    const char *path;
-    char *reason;
-    size_t reason_len;
-} report;
-
-/* Fill the reason as "PATH: <what> [rule]" and return the status. */
-__attribute__((format(printf, 4, 5)))
-static int fail(const report *r, int status, const char *rule, const char *fmt, ...) {
-    char what[384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    ml_reason(r->reason, r->reason_len, "%s: %s [%s]", r->path, what, rule);
-    return status;
-}
-
-static uint32_t rd_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* ---------------------------------------------------------------- reading the file */
-static int read_file(const report *r, uint8_t **out, size_t *size) {
+static int read_file(const ml_report *r, uint8_t **out, size_t *size) {
     /* O_NONBLOCK: a FIFO must not hang the loader (no effect on regular files). */
     int fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return fail(r, ML_E_IO, "io.open", "cannot open: %s", strerror(errno));
+    if (fd < 0) return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s", strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return fail(r, ML_E_IO, "io.open", "cannot stat: %s", strerror(e));
+        return ml_fail(r, ML_E_IO, "io.open", "cannot stat: %s", strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(r, ML_E_IO, "io.open", "cannot open: %s",
+        return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s",
                     S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
     }
     bool too_big = false;
@@ -69,7 +48,7 @@ static int read_file(const report *r, uint8_t **out, size_t *size) {
     uint8_t *buf = too_big ? NULL : malloc(n ? n : 1);
     if (!buf) {
         close(fd);
-        return fail(r, ML_E_NOMEM, "io.open", "cannot allocate %lld bytes", (long long)st.st_size);
+        return ml_fail(r, ML_E_NOMEM, "io.open", "cannot allocate %lld bytes", (long long)st.st_size);
     }
     size_t got = 0;
     while (got < n) {
@@ -79,7 +58,7 @@ static int read_file(const report *r, uint8_t **out, size_t *size) {
             int e = k < 0 ? errno : EIO;
             free(buf);
             close(fd);
-            return fail(r, ML_E_IO, "io.open", "cannot read %zu bytes: %s", n,
+            return ml_fail(r, ML_E_IO, "io.open", "cannot read %zu bytes: %s", n,
                         k < 0 ? strerror(e) : "the file shrank while read");
         }
         got += (size_t)k;
@@ -91,65 +70,65 @@ static int read_file(const report *r, uint8_t **out, size_t *size) {
 }
 
 /* ---------------------------------------------------------------- the rules, in order */
-static int check_header(const report *r, const uint8_t *d, size_t size, int32_t model_vocab,
+static int check_header(const ml_report *r, const uint8_t *d, size_t size, int32_t model_vocab,
                         ml_tokenizer *t) {
-    if (size == 0) return fail(r, ML_E_FORMAT, "format.empty", "the file is empty");
+    if (size == 0) return ml_fail(r, ML_E_FORMAT, "format.empty", "the file is empty");
     if (size < HEADER_SIZE)
-        return fail(r, ML_E_FORMAT, "format.short_header", "the file has %zu bytes, shorter than the "
+        return ml_fail(r, ML_E_FORMAT, "format.short_header", "the file has %zu bytes, shorter than the "
                     "32-byte header", size);
     if (memcmp(d, "MLT1", 4) != 0)
-        return fail(r, ML_E_FORMAT, "format.magic", "magic is %02x %02x %02x %02x, expected \"MLT1\"",
+        return ml_fail(r, ML_E_FORMAT, "format.magic", "magic is %02x %02x %02x %02x, expected \"MLT1\"",
                     d[0], d[1], d[2], d[3]);
-    uint32_t version = rd_u32(d + 4);
-    t->kind = rd_u32(d + 8);
-    t->n_vocab = rd_u32(d + 12);
-    t->n_merges = rd_u32(d + 16);
-    t->bos = (int32_t)rd_u32(d + 20);
-    t->eos = (int32_t)rd_u32(d + 24);
-    t->flags = rd_u32(d + 28);
+    uint32_t version = ml_rd_u32(d + 4);
+    t->kind = ml_rd_u32(d + 8);
+    t->n_vocab = ml_rd_u32(d + 12);
+    t->n_merges = ml_rd_u32(d + 16);
+    t->bos = (int32_t)ml_rd_u32(d + 20);
+    t->eos = (int32_t)ml_rd_u32(d + 24);
+    t->flags = ml_rd_u32(d + 28);
     if (version != 1)
-        return fail(r, ML_E_FORMAT, "format.version", "header field version (offset 4) = %" PRIu32
+        return ml_fail(r, ML_E_FORMAT, "format.version", "header field version (offset 4) = %" PRIu32
                     ", only version 1 is defined", version);
     if (t->kind != MLT_KIND_SP && t->kind != MLT_KIND_BYTE_LEVEL)
-        return fail(r, ML_E_FORMAT, "format.kind", "header field kind (offset 8) = %" PRIu32
+        return ml_fail(r, ML_E_FORMAT, "format.kind", "header field kind (offset 8) = %" PRIu32
                     " is not 1 (SentencePiece) or 2 (byte-level)", t->kind);
     if (t->flags & ~FLAGS_ALL)
-        return fail(r, ML_E_FORMAT, "format.flags.unknown", "header field flags (offset 28) = %#" PRIx32
+        return ml_fail(r, ML_E_FORMAT, "format.flags.unknown", "header field flags (offset 28) = %#" PRIx32
                     " sets unknown bits %#" PRIx32, t->flags, t->flags & ~FLAGS_ALL);
     uint32_t extra = t->flags & ~KIND_FLAGS[t->kind];
     if (extra)
-        return fail(r, ML_E_FORMAT, "format.flags.kind", "header field flags (offset 28) = %#" PRIx32
+        return ml_fail(r, ML_E_FORMAT, "format.flags.kind", "header field flags (offset 28) = %#" PRIx32
                     ": bits %#" PRIx32 " do not apply to kind %" PRIu32, t->flags, extra, t->kind);
     if ((t->flags & MLT_FLAG_SINGLE_DIGITS) && (t->flags & MLT_FLAG_GPT2_REGEX))
-        return fail(r, ML_E_FORMAT, "format.flags.kind", "header field flags (offset 28): flag 16 (single "
+        return ml_fail(r, ML_E_FORMAT, "format.flags.kind", "header field flags (offset 28): flag 16 (single "
                     "digits) applies to the Llama 3 regex, not to flag 32 (GPT-2)");
     if ((t->flags & MLT_FLAG_ADD_BOS) && t->bos == -1)
-        return fail(r, ML_E_FORMAT, "format.add_bos_without_bos", "flag 1 (prepend BOS) with header field "
+        return ml_fail(r, ML_E_FORMAT, "format.add_bos_without_bos", "flag 1 (prepend BOS) with header field "
                     "bos = -1");
     if (model_vocab > 0 && t->n_vocab > (uint32_t)model_vocab)
-        return fail(r, ML_E_SHAPE, "shape.n_vocab_model", "header field n_vocab (offset 12) = %" PRIu32
+        return ml_fail(r, ML_E_SHAPE, "shape.n_vocab_model", "header field n_vocab (offset 12) = %" PRIu32
                     " is above the model's vocab %" PRId32, t->n_vocab, model_vocab);
     const char *names[2] = {"bos", "eos"};
     int32_t vals[2] = {t->bos, t->eos};
     for (int k = 0; k < 2; k++)
         if (vals[k] < -1 || (int64_t)vals[k] >= (int64_t)t->n_vocab)
-            return fail(r, ML_E_SHAPE, "shape.special_range", "header field %s = %" PRId32 " is outside "
+            return ml_fail(r, ML_E_SHAPE, "shape.special_range", "header field %s = %" PRId32 " is outside "
                         "-1 .. n_vocab - 1 = %" PRId64, names[k], vals[k], (int64_t)t->n_vocab - 1);
     return ML_OK;
 }
 
 /* format.token_overrun: walk the records (reading nothing past the end), then record where
  * each token's bytes are. Returns the offset after the last record in *end. */
-static int walk_tokens(const report *r, ml_tokenizer *t, size_t *end) {
+static int walk_tokens(const ml_report *r, ml_tokenizer *t, size_t *end) {
     const uint8_t *d = t->data;
     uint64_t off = HEADER_SIZE, size = t->size;
     for (uint32_t i = 0; i < t->n_vocab; i++) {
         if (off + RECORD_HEAD > size)
-            return fail(r, ML_E_FORMAT, "format.token_overrun", "token %" PRIu32 ": its record header at "
+            return ml_fail(r, ML_E_FORMAT, "format.token_overrun", "token %" PRIu32 ": its record header at "
                         "offset %" PRIu64 " runs past the end (%" PRIu64 " bytes)", i, off, size);
-        uint32_t n = rd_u32(d + off + 1);
+        uint32_t n = ml_rd_u32(d + off + 1);
         if (off + RECORD_HEAD + n > size)
-            return fail(r, ML_E_FORMAT, "format.token_overrun", "token %" PRIu32 ": length %" PRIu32
+            return ml_fail(r, ML_E_FORMAT, "format.token_overrun", "token %" PRIu32 ": length %" PRIu32
                         " at offset %" PRIu64 " runs past the end (%" PRIu64 " bytes)", i, n, off + 1, size);
         off += RECORD_HEAD + (uint64_t)n;
     }
@@ -159,12 +138,12 @@ static int walk_tokens(const report *r, ml_tokenizer *t, size_t *end) {
     t->tok_len = malloc(nv * sizeof *t->tok_len);
     t->tok_attr = malloc(nv);
     if (!t->tok_off || !t->tok_len || !t->tok_attr)
-        return fail(r, ML_E_NOMEM, "format.token_overrun", "cannot allocate the tables of %" PRIu32
+        return ml_fail(r, ML_E_NOMEM, "format.token_overrun", "cannot allocate the tables of %" PRIu32
                     " tokens", t->n_vocab);
     size_t o = HEADER_SIZE;
     for (uint32_t i = 0; i < t->n_vocab; i++) {
         t->tok_attr[i] = d[o];
-        t->tok_len[i] = rd_u32(d + o + 1);
+        t->tok_len[i] = ml_rd_u32(d + o + 1);
         t->tok_off[i] = o + RECORD_HEAD;
         o += RECORD_HEAD + t->tok_len[i];
     }
@@ -172,53 +151,53 @@ static int walk_tokens(const report *r, ml_tokenizer *t, size_t *end) {
     return ML_OK;
 }
 
-static int check_tokens(const report *r, const ml_tokenizer *t) {
+static int check_tokens(const ml_report *r, const ml_tokenizer *t) {
     for (uint32_t i = 0; i < t->n_vocab; i++)
         if (t->tok_attr[i] > MLT_ATTR_BYTE)
-            return fail(r, ML_E_FORMAT, "format.token_attr", "token %" PRIu32 " (record at offset %zu): attr "
+            return ml_fail(r, ML_E_FORMAT, "format.token_attr", "token %" PRIu32 " (record at offset %zu): attr "
                         "%u is not 0, 1 or 2", i, t->tok_off[i] - RECORD_HEAD, t->tok_attr[i]);
     for (uint32_t i = 0; i < t->n_vocab; i++) {
         if (t->tok_attr[i] != MLT_ATTR_BYTE) continue;
         if (t->kind == MLT_KIND_BYTE_LEVEL)
-            return fail(r, ML_E_FORMAT, "format.byte_token", "token %" PRIu32 " (record at offset %zu): a "
+            return ml_fail(r, ML_E_FORMAT, "format.byte_token", "token %" PRIu32 " (record at offset %zu): a "
                         "byte token (attr 2) in a byte-level tokenizer", i, t->tok_off[i] - RECORD_HEAD);
         if (t->tok_len[i] != 1)
-            return fail(r, ML_E_FORMAT, "format.byte_token", "token %" PRIu32 " (record at offset %zu): a "
+            return ml_fail(r, ML_E_FORMAT, "format.byte_token", "token %" PRIu32 " (record at offset %zu): a "
                         "byte token (attr 2) of length %" PRIu32 ", not 1", i, t->tok_off[i] - RECORD_HEAD,
                         t->tok_len[i]);
     }
     for (uint32_t i = 0; i < t->n_vocab; i++)
         if (t->tok_len[i] == 0)
-            return fail(r, ML_E_FORMAT, "format.empty_token", "token %" PRIu32 " (record at offset %zu): "
+            return ml_fail(r, ML_E_FORMAT, "format.empty_token", "token %" PRIu32 " (record at offset %zu): "
                         "length 0", i, t->tok_off[i] - RECORD_HEAD);
     return ML_OK;
 }
 
-static int check_merges(const report *r, ml_tokenizer *t, size_t base) {
+static int check_merges(const ml_report *r, ml_tokenizer *t, size_t base) {
     uint64_t need = (uint64_t)base + (uint64_t)MERGE_SIZE * t->n_merges;
     if (need > t->size)
-        return fail(r, ML_E_FORMAT, "format.merges_truncated", "the %" PRIu32 " merge records (header field "
+        return ml_fail(r, ML_E_FORMAT, "format.merges_truncated", "the %" PRIu32 " merge records (header field "
                     "n_merges, offset 16) end at %" PRIu64 ", the file has %zu bytes", t->n_merges, need,
                     t->size);
     const uint8_t *m = t->data + base;
     for (uint32_t k = 0; k < t->n_merges; k++) {
-        uint32_t a = rd_u32(m + 12 * (size_t)k), b = rd_u32(m + 12 * (size_t)k + 4);
-        uint32_t c = rd_u32(m + 12 * (size_t)k + 8);
+        uint32_t a = ml_rd_u32(m + 12 * (size_t)k), b = ml_rd_u32(m + 12 * (size_t)k + 4);
+        uint32_t c = ml_rd_u32(m + 12 * (size_t)k + 8);
         if (a >= t->n_vocab || b >= t->n_vocab || c >= t->n_vocab)
-            return fail(r, ML_E_FORMAT, "format.merge_id", "merge %" PRIu32 " = (%" PRIu32 ", %" PRIu32
+            return ml_fail(r, ML_E_FORMAT, "format.merge_id", "merge %" PRIu32 " = (%" PRIu32 ", %" PRIu32
                         ", %" PRIu32 ") names a token id >= n_vocab = %" PRIu32, k, a, b, c, t->n_vocab);
     }
     for (uint32_t k = 0; k < t->n_merges; k++) {
-        uint32_t a = rd_u32(m + 12 * (size_t)k), b = rd_u32(m + 12 * (size_t)k + 4);
-        uint32_t c = rd_u32(m + 12 * (size_t)k + 8);
+        uint32_t a = ml_rd_u32(m + 12 * (size_t)k), b = ml_rd_u32(m + 12 * (size_t)k + 4);
+        uint32_t c = ml_rd_u32(m + 12 * (size_t)k + 8);
         uint64_t la = t->tok_len[a], lb = t->tok_len[b];
         if (t->tok_len[c] != la + lb || memcmp(t->data + t->tok_off[c], t->data + t->tok_off[a], la) != 0 ||
             memcmp(t->data + t->tok_off[c] + la, t->data + t->tok_off[b], lb) != 0)
-            return fail(r, ML_E_FORMAT, "format.merge_concat", "merge %" PRIu32 ": token %" PRIu32 " is not "
+            return ml_fail(r, ML_E_FORMAT, "format.merge_concat", "merge %" PRIu32 ": token %" PRIu32 " is not "
                         "token %" PRIu32 " + token %" PRIu32, k, c, a, b);
     }
     if (need != t->size)
-        return fail(r, ML_E_FORMAT, "format.trailing_bytes", "%" PRIu64 " bytes after the last merge (at %"
+        return ml_fail(r, ML_E_FORMAT, "format.trailing_bytes", "%" PRIu64 " bytes after the last merge (at %"
                     PRIu64 ")", (uint64_t)t->size - need, need);
     t->merges = m;
     return ML_OK;
@@ -235,11 +214,11 @@ static void tok_destroy(ml_tokenizer *t) {
 
 ML_API int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason,
                        size_t reason_len) {
-    report rep = {path ? path : "(null)", reason, reason_len};
+    ml_report rep = {path ? path : "(null)", reason, reason_len};
     if (out) *out = NULL;
-    if (!path) return fail(&rep, ML_E_ARG, "io.open", "no path");
+    if (!path) return ml_fail(&rep, ML_E_ARG, "io.open", "no path");
     ml_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) return fail(&rep, ML_E_NOMEM, "io.open", "out of memory");
+    if (!t) return ml_fail(&rep, ML_E_NOMEM, "io.open", "out of memory");
     int rc = read_file(&rep, &t->data, &t->size);
     size_t end = 0;
     if (rc == ML_OK) rc = check_header(&rep, t->data, t->size, model_vocab, t);
@@ -248,7 +227,7 @@ ML_API int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out
     if (rc == ML_OK) rc = check_merges(&rep, t, end);
     if (rc == ML_OK && out) {
         rc = ml_tok_build(t);
-        if (rc != ML_OK) fail(&rep, rc, "io.open", "cannot allocate the encoder tables");
+        if (rc != ML_OK) ml_fail(&rep, rc, "io.open", "cannot allocate the encoder tables");
     }
     if (rc != ML_OK || !out) {
         tok_destroy(t);

@@ -59,4 +59,28 @@ static inline void ml_reason(char *reason, size_t reason_len, const char *fmt, .
     va_end(ap);
 }
 
+/* A validating loader's reason buffer: ml_fail fills it as "PATH: <what> [rule]" and returns the
+ * status, so that every refusal names the file, the field and the rule (loader.c, tok_load.c). */
+typedef struct {
+    const char *path;
+    char *reason;
+    size_t reason_len;
+} ml_report;
+
+__attribute__((format(printf, 4, 5)))
+static inline int ml_fail(const ml_report *r, int status, const char *rule, const char *fmt, ...) {
+    char what[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    ml_reason(r->reason, r->reason_len, "%s: %s [%s]", r->path, what, rule);
+    return status;
+}
+
+/* Little-endian uint32 at p (any alignment). */
+static inline uint32_t ml_rd_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
 #endif
