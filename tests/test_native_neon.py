@@ -4,7 +4,7 @@ of worker_main.c (backends/native/qemu.py). The conformance areas must give what
 x86; a guest segfault and a hang are crash and timeout outcomes; the worker executable is rebuilt
 when a source is newer. Skipped only when the cross compiler or qemu-aarch64 is missing.
 
-Under qemu the header, loader, quant and forward cases take a few seconds per backend (the golden
+Under qemu the header, loader, quant, forward and tokenizer cases take a few seconds per backend (the golden
 models are small), so the whole set runs."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from mlconf.fixtures import Fixture
 from mlconf.golden import GOLDEN_DIR
 
 ARM = platform.machine() in ("aarch64", "arm64")
-AREAS = ["header", "loader", "quant", "forward"]
+AREAS = ["header", "loader", "quant", "forward", "tokenizer"]
 MODEL = GOLDEN_DIR / "logits" / "qwen3_qk_norm_f16.mlb"
 
 pytestmark = pytest.mark.skipif(ARM, reason="on aarch64 native:neon is the library itself, not qemu")
