@@ -343,34 +343,56 @@ def _random_texts(n: int, seed: int = 0) -> list[str]:
     return ["".join(r.choice(r.choice(pools)) for _ in range(r.randint(0, 60))) for _ in range(n)]
 
 
-def test_tokenizer_under_sanitizers(tmp_path):
+@pytest.fixture(scope="module")
+def asan_backend(tmp_path_factory):
+    """lib: on an ASan/UBSan build of the runtime, in a worker with the sanitizer runtime preloaded
+    (halting on the first report: a report is a crash outcome naming it)."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc is needed for the sanitizer build")
     from mlconf.backends.native import build
-    lib = build.build(tmp_path / "libmlrt_asan.so", sanitize=True)
+    lib = build.build(tmp_path_factory.mktemp("asan") / "libmlrt_asan.so", sanitize=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
         mp.setenv("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
         backend = get(f"lib:{lib}")
-        try:
-            sel = cases.collect(["tokenizer"])
-            work = runner.Workdir(tmp_path / "work")
-            try:
-                results = runner.run(sel, [backend], work)
-            finally:
-                work.close()
-            bad = [(r.case, r.outcome, r.detail[:300]) for r in results if r.outcome != "pass"]
-            assert not bad, bad
-            assert len(results) == len(sel)
-            texts = _random_texts(300)
-            for name in FUZZ:
-                enc, s = Encoder(mlt.read(golden_mlt(name))), backend.open_tokenizer(str(golden_mlt(name)))
-                try:
-                    for text in texts:
-                        want = enc.encode(text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
-                        assert s.encode(text) == want, (name, text)
-                        assert s.decode(want) == enc.decode(want)
-                finally:
-                    s.close()
-        finally:
-            backend.close()
+        sessions = {n: backend.open_tokenizer(str(golden_mlt(n))) for n in FUZZ}
+        yield backend, sessions
+        for s in sessions.values():
+            s.close()
+        backend.close()
+
+
+def test_tokenizer_under_sanitizers(asan_backend, tmp_path):
+    backend, sessions = asan_backend
+    sel = cases.collect(["tokenizer"])
+    work = runner.Workdir(tmp_path / "work")
+    try:
+        results = runner.run(sel, [backend], work)
+    finally:
+        work.close()
+    bad = [(r.case, r.outcome, r.detail[:300]) for r in results if r.outcome != "pass"]
+    assert not bad, bad
+    assert len(results) == len(sel)
+    texts = _random_texts(300)
+    for name in FUZZ:
+        enc, s = Encoder(mlt.read(golden_mlt(name))), sessions[name]
+        for text in texts:
+            want = enc.encode(text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
+            assert s.encode(text) == want, (name, text)
+            assert s.decode(want) == enc.decode(want)
+
+
+# Any code point, lone surrogates included: they reach the C decoder as invalid UTF-8 (surrogatepass).
+ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=()), max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=ANY_TEXT, which=st.sampled_from(FUZZ))
+def test_fuzz_under_sanitizers(asan_backend, text, which):
+    """The hypothesis fuzz of the normal build, on the ASan/UBSan build (issue 8: the sanitizer
+    build runs the fuzzing too)."""
+    _, sessions = asan_backend
+    enc = Encoder(mlt.read(golden_mlt(which)))
+    want = enc.encode(text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
+    assert sessions[which].encode(text) == want
+    assert sessions[which].decode(want) == enc.decode(want)
