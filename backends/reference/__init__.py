@@ -13,6 +13,7 @@ class ReferenceBackend:
     name = "reference"
     capabilities = frozenset({"load", "quantize_q8_0", "quantize_q4_0", "forward", "load_tokenizer",
                               "encode", "i2s", "embed"})
+    description = "the NumPy reference (backends/reference), in-process"
 
     def __init__(self, float_mode: bool = False):
         self.float_mode = float_mode  # float semantics: no activation quantization
