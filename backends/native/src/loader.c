@@ -270,20 +270,10 @@ static uint64_t required_size(const mlb_file *f, bool *overflow) {
 /* ---------------------------------------------------------------- open and map */
 static int open_file(mlb_file *f) {
     const ml_report *r = &f->rep;
-    /* O_NONBLOCK: a FIFO must not hang the loader (no effect on regular files). */
-    int fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s", strerror(errno));
+    int fd;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return ml_fail(r, ML_E_IO, "io.open", "cannot stat: %s", strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s",
-                    S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
-    }
+    int rc = ml_open_regular(r, &fd, &st);
+    if (rc != ML_OK) return rc;
     /* Empty and short files are refused before mmap (which cannot map 0 bytes). */
     if (st.st_size == 0) {
         close(fd);

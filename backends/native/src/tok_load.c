@@ -29,20 +29,10 @@ static const uint32_t KIND_FLAGS[3] = {0, 1 | 2 | 4, 1 | 2 | 8 | 16 | 32 | 64}; 
 
 /* ---------------------------------------------------------------- reading the file */
 static int read_file(const ml_report *r, uint8_t **out, size_t *size) {
-    /* O_NONBLOCK: a FIFO must not hang the loader (no effect on regular files). */
-    int fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s", strerror(errno));
+    int fd;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return ml_fail(r, ML_E_IO, "io.open", "cannot stat: %s", strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s",
-                    S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
-    }
+    int rc = ml_open_regular(r, &fd, &st);
+    if (rc != ML_OK) return rc;
     bool too_big = false;
     size_t n = ml_size_of_u64((uint64_t)st.st_size, &too_big);
     uint8_t *buf = too_big ? NULL : malloc(n ? n : 1);

@@ -2,11 +2,18 @@
 #ifndef MLRT_UTIL_H
 #define MLRT_UTIL_H
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../include/mlrt.h"
 
 /* build.py compiles with -fvisibility=hidden: only the functions of include/mlrt.h carry this. */
 #define ML_API __attribute__((visibility("default")))
@@ -76,6 +83,25 @@ static inline int ml_fail(const ml_report *r, int status, const char *rule, cons
     va_end(ap);
     ml_reason(r->reason, r->reason_len, "%s: %s [%s]", r->path, what, rule);
     return status;
+}
+
+/* Open r->path read-only as a regular file: *fd and *st on ML_OK; else ML_E_IO "io.open" with
+ * the reason (missing, unreadable, a directory, a device). O_NONBLOCK: a FIFO must not hang the
+ * loader (no effect on regular files). */
+static inline int ml_open_regular(const ml_report *r, int *fd, struct stat *st) {
+    *fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (*fd < 0) return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s", strerror(errno));
+    if (fstat(*fd, st) != 0) {
+        int e = errno;
+        close(*fd);
+        return ml_fail(r, ML_E_IO, "io.open", "cannot stat: %s", strerror(e));
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(*fd);
+        return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s",
+                       S_ISDIR(st->st_mode) ? "is a directory" : "not a regular file");
+    }
+    return ML_OK;
 }
 
 /* Little-endian uint32 at p (any alignment). */
