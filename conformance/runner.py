@@ -118,8 +118,10 @@ class Workdir:
             self._tmp.cleanup()
 
 
-def _bytes_diff(name: str, want: bytes, got: bytes, itemsize: int) -> tuple[str, dict]:
-    """Where two byte strings of equal meaning differ, in elements of ``itemsize`` bytes."""
+def _bytes_diff(name: str, want: bytes, got: bytes, itemsize: int, per_block: int,
+                unit: str = "element") -> tuple[str, dict]:
+    """Where two byte strings of equal meaning differ, in elements of ``itemsize`` bytes, with the
+    quantization block of the first difference (``per_block`` items of kind ``unit`` per block)."""
     if len(want) != len(got):
         return f"{name}: {len(got)} bytes, expected {len(want)}", {f"{name}_len": len(got)}
     a = np.frombuffer(want, dtype=np.uint8).reshape(-1, itemsize)
@@ -128,9 +130,10 @@ def _bytes_diff(name: str, want: bytes, got: bytes, itemsize: int) -> tuple[str,
     if not diff.size:
         return "", {}
     i = int(diff[0])
-    return (f"{name}: {diff.size} of {len(a)} elements differ, first at {i}: "
-            f"got {b[i].tobytes().hex()} expected {a[i].tobytes().hex()}"), {f"{name}_differ": int(diff.size),
-                                                                             f"{name}_first": i}
+    where = f"block {i}" if per_block == 1 else f"block {i // per_block}, {unit} {i % per_block}"
+    return (f"{name}: {diff.size} of {len(a)} elements differ, first at {i} ({where}): "
+            f"got {b[i].tobytes().hex()} expected {a[i].tobytes().hex()}"), \
+        {f"{name}_differ": int(diff.size), f"{name}_first": i}
 
 
 def byte_distance(want: bytes, got: bytes) -> dict:
@@ -480,8 +483,11 @@ def _run_case(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
             q, d = _run_quant(case, backend)
             r.output = (q, d)
             want_q, want_d = case.expected
-            dq, mq = _bytes_diff("quants", want_q, q, 1)
-            dd, md = _bytes_diff("scales", want_d, d, 2 if case.params["f16"] else 4)
+            # Q8_0: 32 int8 per block; Q4_0: 16 bytes per block (a byte holds elements j and j + 16)
+            q8 = case.capability == "quantize_q8_0"
+            dq, mq = _bytes_diff("quants", want_q, q, 1, 32 if q8 else 16,
+                                 "element" if q8 else "byte (elements j and j + 16)")
+            dd, md = _bytes_diff("scales", want_d, d, 2 if case.params["f16"] else 4, 1)
             r.metrics = {**mq, **md, **byte_distance(want_q + want_d, q + d)}
             r.got = "identical" if not (dq or dd) else "differs"
             r.outcome = "pass" if not (dq or dd) else "fail"

@@ -135,6 +135,7 @@ def test_example_runtime_wrong_is_caught(quant_cases):
     # 5 * 0.5 = 2.5 -> spec 3, ties to even 2; the first tie is element 2: 253 * 0.5 = 126.5 -> 127
     d = res["quant/q8_0/ties_after_the_multiply"].detail
     assert "quants" in d and re.search(r"first at\D{0,30}\b2\b", d), d
+    assert "(block 0, element 2)" in d, d
     assert re.search(r"got\D{0,12}7e\b.*expected\D{0,12}7f\b", d), d
     d = res["quant/q8_0_f16/subnormal_scale_needs_clamp"].detail
     assert re.search(r"first at\D{0,30}\b6\b", d), d
