@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,19 @@ U32_MAX = 2**32 - 1
 F32_MAX = 3.4028234663852886e38
 # Layer-flag bytes the seed allows: bits 0..2 without bits 1+2 together, or bit 3 alone.
 VALID_FLAGS = (0, 1, 2, 3, 4, 5, 8)
+
+
+@pytest.fixture(scope="session")
+def asan_libmlrt(tmp_path_factory) -> Path:
+    """The native runtime built once per session with AddressSanitizer + UBSan (build.py
+    --sanitize), for every test that runs it: through lib:PATH or linked into a test driver."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed for the sanitizer build")
+    from mlconf.backends.native import build
+    try:
+        return build.build(tmp_path_factory.mktemp("asan") / "libmlrt_asan.so", sanitize=True)
+    except build.BuildError as e:
+        pytest.skip(f"no sanitizer build here: {str(e).strip().splitlines()[-1][:200]}")
 
 
 @pytest.fixture(scope="session")

@@ -453,11 +453,11 @@ def _mutation_corpus(files, folder: Path, n: int) -> list[Path]:
     return paths
 
 
-def test_sanitizer_build_on_fixtures_and_mutations(build_mod, mlb_fixtures, valid_files, tmp_path):
+def test_sanitizer_build_on_fixtures_and_mutations(asan_libmlrt, mlb_fixtures, valid_files, tmp_path):
     asan = _asan_runtime()
     if asan is None:
         pytest.skip("the ASan runtime (gcc -print-file-name=libasan.so) is not installed")
-    so = build_mod.build(tmp_path / "libmlrt.so", sanitize=True)
+    so = asan_libmlrt
     exe = _driver(tmp_path, so, [])
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -6,8 +6,6 @@ crashes, zero failures means zero reports."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from mlconf import cases, runner
@@ -15,11 +13,8 @@ from mlconf.backends import get
 
 
 @pytest.fixture(scope="module")
-def sanitized(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed for the sanitizer build")
-    from mlconf.backends.native import build
-    return build.build(tmp_path_factory.mktemp("asan") / "libmlrt_asan.so", sanitize=True)
+def sanitized(asan_libmlrt):
+    return asan_libmlrt
 
 
 def test_loader_and_forward_under_sanitizers(sanitized, tmp_path, monkeypatch):

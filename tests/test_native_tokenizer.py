@@ -344,13 +344,10 @@ def _random_texts(n: int, seed: int = 0) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def asan_backend(tmp_path_factory):
+def asan_backend(asan_libmlrt):
     """lib: on an ASan/UBSan build of the runtime, in a worker with the sanitizer runtime preloaded
     (halting on the first report: a report is a crash outcome naming it)."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed for the sanitizer build")
-    from mlconf.backends.native import build
-    lib = build.build(tmp_path_factory.mktemp("asan") / "libmlrt_asan.so", sanitize=True)
+    lib = asan_libmlrt
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
         mp.setenv("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")

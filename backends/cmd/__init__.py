@@ -79,14 +79,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import fcntl
 import json
 import os
 import select
 import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import weakref
@@ -97,7 +95,7 @@ import numpy as np
 
 from ..base import CAPABILITIES, BackendError, InputError, LoadResult, Unsupported, WorkerCrash, WorkerTimeout
 from ..native import default_timeout
-from ..native.worker import signal_name, stderr_tail
+from ..native.worker import signal_name, stderr_file, stderr_tail
 
 PROTOCOL = 1
 STARTUP_TIMEOUT = 30.0      # seconds for hello (at least; the call timeout if longer)
@@ -203,9 +201,7 @@ class Program:
     def start(self) -> dict:
         """Start the program and say hello; the reply (name, version, capabilities)."""
         self.stop()
-        self._err = tempfile.TemporaryFile()
-        fd = self._err.fileno()   # O_APPEND: truncating between calls keeps the program's writes at 0
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        self._err = stderr_file()
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=self._err, bufsize=0, close_fds=True)

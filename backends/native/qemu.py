@@ -25,7 +25,6 @@ import os
 import shutil
 import struct
 import subprocess
-import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -34,7 +33,7 @@ import numpy as np
 
 from ..base import BackendError, InputError, WorkerTimeout
 from .abi import status_name
-from .worker import _EOF, STARTUP_TIMEOUT, Worker, _reap, _Timeout
+from .worker import _EOF, STARTUP_TIMEOUT, Worker, _reap, _Timeout, stderr_file
 
 HERE = Path(__file__).resolve().parent
 CC = "aarch64-linux-gnu-gcc"
@@ -239,9 +238,7 @@ class QemuWorker(Worker):
             self.info = {"symbols": [], "version": "", "isa": "", "isa_error": why}
             return self.info
         cmd = command(worker_executable())
-        self._err = tempfile.TemporaryFile()
-        fd = self._err.fileno()
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        self._err = stderr_file()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._err, bufsize=0, close_fds=True)
         self.epoch += 1

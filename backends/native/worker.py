@@ -49,6 +49,14 @@ STDERR_TAIL = 1500       # characters of the worker's stderr quoted in a crash m
 ENTRY = "import sys; from mlconf.backends.native.worker import main; sys.exit(main())"
 
 
+def stderr_file():
+    """A temporary file for a worker's stderr, opened O_APPEND: truncating it between calls (to
+    quote only what the last call wrote) keeps the worker's writes at offset 0."""
+    f = tempfile.TemporaryFile()
+    fcntl.fcntl(f.fileno(), fcntl.F_SETFL, fcntl.fcntl(f.fileno(), fcntl.F_GETFL) | os.O_APPEND)
+    return f
+
+
 def stderr_tail(f) -> str:
     """The last STDERR_TAIL characters a worker wrote to its stderr file ``f`` ("" for None)."""
     if f is None:
@@ -390,9 +398,7 @@ class Worker:
     def start(self) -> dict:
         """Start a fresh worker and return its info; BackendError if the library cannot load."""
         self.stop()
-        self._err = tempfile.TemporaryFile()
-        fd = self._err.fileno()  # O_APPEND: truncating it between calls keeps the worker's writes at 0
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        self._err = stderr_file()
         cmd = [sys.executable, "-P", "-c", ENTRY, self.lib_path]
         if self.isa:
             cmd += ["--isa", self.isa]
