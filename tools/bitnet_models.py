@@ -68,26 +68,25 @@ def config(name: str, **overrides: Any):
     return cfg
 
 
-def state_dict(name: str, seed: int = 0, noise: float = 0.1, **overrides: Any) -> dict[str, Any]:
-    """The base model's random tensors (1-D ones with noise, so no norm is neutral) plus the
-    seven per-projection norms per layer (random around 1), float32 torch tensors."""
+def state_dict(name: str, seed: int = 0, **overrides: Any) -> dict[str, Any]:
+    """The base model's tensors plus the seven per-projection norms per layer (1 + noise), float32
+    torch tensors, every one set by hf_models.exact_parameters (seeded integers on a power-of-two
+    grid, the same bits on every host; no norm is neutral)."""
     import torch
     import transformers
 
+    from mlconf.tools import hf_models
+
     cfg = config(name, **overrides)
-    torch.manual_seed(seed)
     model = getattr(transformers, MODELS[name][1])(cfg)
-    gen = torch.Generator().manual_seed(seed + 1)
     sd = {k: v.detach().float().clone() for k, v in sorted(model.state_dict().items())
           if not k.endswith("rotary_emb.inv_freq")}
-    for v in sd.values():
-        if v.ndim == 1:
-            v.add_(noise * torch.randn(v.shape, generator=gen))
     widths = {"dim": cfg.hidden_size, "q_dim": cfg.num_attention_heads * cfg.head_dim,
               "ff": cfg.intermediate_size}
     for i in range(cfg.num_hidden_layers):
         for suffix, w in PROJ_NORMS.items():
-            sd[f"layers.{i}.{suffix}"] = 1.0 + noise * torch.randn(widths[w], generator=gen)
+            sd[f"layers.{i}.{suffix}"] = torch.ones(widths[w])
+    hf_models.exact_parameters(sd.items(), seed)
     return sd
 
 

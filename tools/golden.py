@@ -84,21 +84,39 @@ def _edge_blocks() -> list[np.ndarray]:
     return out
 
 
+def _bell(rng: np.random.Generator, shape) -> np.ndarray:
+    """A bell-shaped sample on the grid 2^-10: the sum of four uniform integers in [-2^10, 2^10]
+    (|v| <= 4, std ~1.15). Integers and powers of two only, so the same bits on every host."""
+    k = rng.integers(-1024, 1025, (4, *shape)).sum(axis=0)
+    return np.ldexp(k.astype(np.float64), -10)
+
+
 def q4_0_round_inputs(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(x float32 (N, 32), kind (N,), kinds): seeded blocks of several distributions + edge blocks."""
+    """(x float32 (N, 32), kind (N,), kinds): seeded blocks of several distributions + edge blocks.
+
+    Every value is built from seeded integers and exact scalings by powers of two (np.ldexp),
+    never from a transcendental function (pow, log, exp: NumPy's AVX-512 and AVX2 code paths can
+    differ in the last bit), so the golden's inputs are the same bits on every host."""
     rng = np.random.default_rng(seed)
+
+    def scaled(rows: int, lo: int, hi: int) -> np.ndarray:   # a bell block times 2^e, e per row
+        return np.ldexp(_bell(rng, (rows, BLOCK)), rng.integers(lo, hi, (rows, 1)))
+
     fams: dict[str, np.ndarray] = {
-        "normal": rng.standard_normal((64, BLOCK)),
-        "scaled": rng.standard_normal((64, BLOCK)) * 10.0 ** rng.uniform(-6, 4, (64, 1)),
-        "heavy_tail": rng.standard_t(1.2, (64, BLOCK)) * 10.0 ** rng.uniform(-2, 3, (64, 1)),
-        "tiny": rng.standard_normal((48, BLOCK)) * 2.0 ** rng.uniform(-120, -10, (48, 1)),
-        "uniform": rng.uniform(-1, 1, (32, BLOCK)) * 10.0 ** rng.uniform(-3, 5, (32, 1)),
+        "normal": _bell(rng, (64, BLOCK)),
+        "scaled": scaled(64, -20, 14),
+        # log-uniform magnitudes per element (2^-4 .. 2^8) under a per-row scale: a few elements
+        # far above the rest, as a heavy-tailed distribution gives
+        "heavy_tail": np.ldexp(scaled(64, -7, 10), rng.integers(-4, 9, (64, BLOCK))),
+        "tiny": scaled(48, -120, -10),
+        "uniform": np.ldexp(rng.integers(-65536, 65537, (32, BLOCK)).astype(np.float64),
+                            rng.integers(-26, 1, (32, 1))),
     }
     # ties: d = +-2^e exactly, elements (k + 0.5) d, so x * id lands on k + 0.5
     e = rng.integers(-20, 16, (48, 1))
-    ties = (rng.integers(-8, 8, (48, BLOCK)) + 0.5) * 2.0**e
+    ties = np.ldexp(rng.integers(-8, 8, (48, BLOCK)) + 0.5, e)
     pos = rng.integers(0, BLOCK, 48)
-    ties[np.arange(48), pos] = rng.choice([-8.0, 8.0], 48) * 2.0 ** e[:, 0]
+    ties[np.arange(48), pos] = np.ldexp(rng.choice([-8.0, 8.0], 48), e[:, 0])
     fams["ties"] = ties
     fams["edge"] = np.array(_edge_blocks())
     kinds = list(fams)

@@ -56,15 +56,18 @@ def oracle_version() -> str:
 
 
 def _imatrix(hf_dir: Path, work: Path) -> mlb.Imatrix:
-    """The imatrix of the case's own Q8_0 conversion on 64 seeded tokens (an input of the
-    converter, like `mlconf imatrix`; the golden is still the transformers logits)."""
-    from mlconf.backends.reference.forward import Forward
-
+    """A seeded imatrix for the case's shape (an input of the converter, like `mlconf imatrix`;
+    the golden is still the transformers logits). Its sums are squares of seeded integers times
+    2^-6, spread over three orders of magnitude as a real one's: exact on every host, where a
+    forward pass (exp, rsqrt) is not."""
     q8 = work / "imatrix_base.mlb"
     convert.convert(hf_dir, q8)
-    fw = Forward(mlb.read(q8))
-    im = fw.start_imatrix()
-    fw.forward(np.random.default_rng(SEED + 2).integers(3, fw.h["vocab"], 64), 0)
+    h = mlb.read(q8).header
+    q_dim = h["n_heads"] * h["head_dim"] if h["head_dim"] else h["dim"]
+    im = mlb.Imatrix(h["n_layers"], h["dim"], h["hidden_dim"], 0 if q_dim == h["dim"] else q_dim,
+                     64, 64, np.empty(0))
+    k = np.random.default_rng(SEED + 2).integers(1, 64, im.expected_len())
+    im.sums = (k * k).astype(np.float64) * 2.0**-6
     return im
 
 

@@ -10,10 +10,15 @@ random weights, then saved with ``save_pretrained(safe_serialization=True)``.
     hf_models.round_to_q8_0(model)     # weights a Q8_0 file holds exactly (for logits goldens)
 
 torch and transformers (the 'oracle' extra) are imported inside the functions, so importing this
-module costs nothing and works without them. Every 1-D parameter (norm weights, biases, A_log,
-dt_bias) gets noise added to its initial value, so that a norm stored as ``w`` (initialised to 1)
-and one stored as the offset of ``1 + w`` (initialised to 0) both differ from their neutral value
-and a converter that folds the wrong convention fails the tests.
+module costs nothing and works without them.
+
+Every parameter is set by ``exact_parameters``: seeded NumPy integers times a power of two, so a
+model's weights are the same bits on every host. The framework's initializers and elementwise
+kernels (uniform sampling, log, exp) are not: PyTorch's AVX2 and AVX-512 code paths differ in the
+last bit, and a golden's inputs must not (issue 12). Every 1-D parameter (norm weights, biases,
+A_log, dt_bias) is its neutral value plus noise, so that a norm stored as ``w`` (neutral 1) and
+one stored as the offset of ``1 + w`` (neutral 0) both differ from it and a converter that folds
+the wrong convention fails the tests.
 """
 
 from __future__ import annotations
@@ -106,20 +111,65 @@ def config(name: str, **overrides: Any):
     return AutoConfig.for_model(model_type, **kw)
 
 
-def make(name: str, seed: int = 0, noise: float = 0.1, **overrides: Any):
-    """A random model in eval mode, float32, eager attention (needed for Gemma 2 softcapping)."""
+# The grids of exact_parameters. Matrices (every tensor of 2 or more dimensions): k * 2^-11 with
+# k uniform in [-64, 64], so |w| <= 1/32 and std ~0.018 (transformers' init: normal, std 0.02).
+# 1-D noise: k * 2^-8 with k uniform in [-40, 40] (|n| <= 0.16, std ~0.09).
+MATRIX_GRID = (64, 2.0**-11)
+NOISE_GRID = (40, 2.0**-8)
+# 1-D parameters that transformers draws at random rather than fills: name -> (k_lo, k_hi, step)
+# of their own grid. Qwen3.5's A_log is log(uniform(0, 16)): here k * 2^-4 in [0, 2.75].
+DRAWN_VECTORS: dict[str, tuple[int, int, float]] = {"A_log": (0, 44, 2.0**-4)}
+
+
+def grid(rng, shape, k: int, step: float):
+    """float32 integers uniform in [-k, k] times ``step`` (a power of two): exact everywhere."""
+    import numpy as np
+
+    return (rng.integers(-k, k + 1, shape) * step).astype(np.float32)
+
+
+def exact_values(name: str, init, rng):
+    """The value (float32 NumPy array) of parameter ``name`` whose framework-initialized tensor is
+    ``init`` (read only for its shape and, in 1-D, for a constant fill: torch's ones_ and zeros_
+    are exact on every host). Draws from ``rng`` in a fixed order."""
+    import numpy as np
+
+    shape = tuple(init.shape)
+    if len(shape) >= 2:
+        return grid(rng, shape, *MATRIX_GRID)
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in DRAWN_VECTORS:
+        lo, hi, step = DRAWN_VECTORS[leaf]
+        return (rng.integers(lo, hi + 1, shape) * step).astype(np.float32)
+    flat = init.detach().reshape(-1)
+    fill = float(flat[0]) if len(flat) and bool((flat == flat[0]).all()) else 0.0
+    if fill not in (0.0, 1.0):   # a drawn init we do not know: its neutral value is 0
+        fill = 0.0
+    return (fill + grid(rng, shape, *NOISE_GRID)).astype(np.float32)
+
+
+def exact_parameters(named, seed: int) -> None:
+    """Overwrite every tensor of ``named`` ((name, torch tensor) pairs) in place with
+    exact_values, drawn in name order from NumPy's PCG64 seeded with ``seed``."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in sorted(named, key=lambda kv: kv[0]):
+            p.copy_(torch.from_numpy(exact_values(name, p, rng)))
+
+
+def make(name: str, seed: int = 0, **overrides: Any):
+    """A random model in eval mode, float32, eager attention (needed for Gemma 2 softcapping),
+    its parameters set by exact_parameters (the same bits on every host)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    torch.manual_seed(seed)
     cfg = config(name, **overrides)
     auto = AutoModelForImageTextToText if "text_config" in MODELS[name] else AutoModelForCausalLM
     model = auto.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            if p.ndim == 1:   # norms (0- or 1-centred), biases, A_log, dt_bias
-                p.add_(noise * torch.randn(p.shape, generator=gen))
+    exact_parameters(model.named_parameters(), seed)
     return model.eval()
 
 
