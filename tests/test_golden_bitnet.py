@@ -88,7 +88,7 @@ def test_oracle_rederives_every_golden(tmp_path):
 
     golden_bitnet.generate(NAMES, tmp_path / "bitnet", pins_from=DIR)
     result = golden_drift.compare(tmp_path, families=["bitnet"])
-    assert result["inputs_differ"] == [], "inputs differ from the committed goldens"
+    assert result["inputs_differ"] == [], f"inputs differ from the committed goldens: {result['inputs_differ']}"
     ok, over = golden_drift.within(result, "embeddings")
     assert ok, over
 
