@@ -8,6 +8,7 @@ specs/mlb_errors.yaml for the fields the seed leaves open).
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import shutil
@@ -15,14 +16,25 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from mlconf import fixtures as mlfixtures
 
-# The fixture cache of `mlconf run` (fixtures.cached()) goes to a folder of the test runs, not the
-# user's ~/.cache; subprocesses of the CLI tests inherit it.
-os.environ.setdefault("MLCONF_CACHE_DIR",
-                      str(Path(tempfile.gettempdir()) / f"mlconf-test-cache-{os.getuid()}"))
+# The fixture cache of `mlconf run` (fixtures.cached()) goes to a new folder of this test session,
+# never the user's ~/.cache nor an earlier run's: a test's outcome must not depend on an existing
+# cache. Subprocesses of the CLI tests inherit it; it is removed when the session ends.
+_CACHE = tempfile.mkdtemp(prefix="mlconf-test-cache-")
+os.environ["MLCONF_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+
+# Hypothesis: the same examples on every run and host (derandomize: drawn from a seed derived
+# from each test, not from the clock), no example database (.hypothesis/ in the working folder
+# would be an existing cache that changes what runs), no deadline (a slow machine must not fail a
+# test). `pytest --hypothesis-profile=explore` searches with fresh random examples instead.
+settings.register_profile("mlconf", derandomize=True, database=None, deadline=None)
+settings.register_profile("explore", derandomize=False, database=None, deadline=None)
+settings.load_profile("mlconf")
 
 U32_MAX = 2**32 - 1
 F32_MAX = 3.4028234663852886e38

@@ -79,6 +79,6 @@ def test_oracle_rederives_every_golden(tmp_path):
 
     golden_logits.generate(NAMES, tmp_path / "logits")
     result = golden_drift.compare(tmp_path, families=["logits"])
-    assert result["inputs_differ"] == [], f"inputs differ from the committed goldens: {result['inputs_differ']}"
+    assert result["inputs_differ"] == [], f"inputs differ from the goldens: {result['inputs_differ']}"
     ok, over = golden_drift.within(result, "logits")
     assert ok, over

@@ -27,7 +27,7 @@ from mlconf.tools import mlb
 
 NATIVE = Path(__file__).resolve().parents[1] / "backends" / "native"
 # the runtime's parts; while one is missing (written concurrently) the tests skip
-PARTS = ("loader.c", "api.c", "forward.c", "pool.c", "dispatch.c", "kern_scalar.c")
+PARTS = ("loader.c", "api.c", "forward.c", "pool.c", "dispatch.c", "cpu.c", "kern_scalar.c")
 # Against the reference. Float sums run in another order (rmsnorm's sums follow NumPy's pairwise
 # order), which alone costs ~1e-14. But glibc's expf and NumPy's float32 exp differ by an ulp now
 # and then, and an ulp before an activation quantizer can move one int8 step: measured on 35

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -127,11 +129,19 @@ def simd_isas(kern) -> list[str]:
 
 
 # ---------------------------------------------------------------- entry points
+def first_choice(runnable) -> str:
+    """The table a library starts on: the one MLRT_ISA names when it is runnable (src/cpu.h),
+    else the best runnable one."""
+    override = os.environ.get("MLRT_ISA", "")
+    if override in ISAS and runnable(override):
+        return override
+    return next(i for i in ISAS[1:] + ["scalar"] if runnable(i))
+
+
 def test_isa_selection(kern):
     lib = kern.lib
     auto = kern.ffi.string(lib.ml_isa()).decode()
-    want = (simd_isas(kern) or ["scalar"])[0]
-    assert auto == want, "the automatic choice is the best runnable table"
+    assert auto == first_choice(kern.runnable), "the first choice is MLRT_ISA's or the best runnable table"
     try:
         assert lib.ml_set_isa(b"scalar") == ML_OK
         assert kern.ffi.string(lib.ml_isa()) == b"scalar"
@@ -141,6 +151,59 @@ def test_isa_selection(kern):
         assert kern.ffi.string(lib.ml_isa()) == b"scalar", "a refused ml_set_isa changes nothing"
     finally:
         assert lib.ml_set_isa(auto.encode()) == ML_OK
+
+
+@pytest.mark.skipif(not (X86 and Path("/proc/cpuinfo").exists()), reason="x86 Linux: /proc/cpuinfo")
+def test_avx2_detection_agrees_with_the_kernel_s_view(kern):
+    """cpu.c's cpuid + xgetbv check against the flags Linux reports (which it clears for
+    features the OS does not enable)."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace").splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    assert kern.runnable("avx2") == ({"avx2", "fma", "f16c"} <= flags)
+
+
+ENV_ISA_PROBE = """
+import cffi, sys
+ffi = cffi.FFI()
+ffi.cdef("const char *ml_isa(void);")
+print(" ".join(ffi.string(ffi.dlopen(p).ml_isa()).decode() for p in sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("value", ["scalar", "", "no-such-isa", "neon" if X86 else "avx2"])
+def test_mlrt_isa_sets_the_first_choice_of_both_libraries(kern, value, tmp_path):
+    """MLRT_ISA=scalar starts libmlrt and libmlbitnet on the scalar table (a host without AVX2);
+    an empty, unknown or unrunnable name leaves the best table."""
+    build = _load_build_module()
+    libs = [build.build(tmp_path / "libmlrt.so"), build.build(tmp_path / "libmlbitnet.so", lib="mlbitnet")]
+    env = {**os.environ, "MLRT_ISA": value}
+    out = subprocess.run([sys.executable, "-c", ENV_ISA_PROBE, *map(str, libs)], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    best = next(i for i in ISAS[1:] + ["scalar"] if kern.runnable(i))
+    assert out == [value if value == "scalar" else best] * 2
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed (apt-get install clang)")
+def test_clang_builds_both_libraries_with_the_same_kernels(kern, tmp_path, monkeypatch):
+    """CC=clang (the README's other compiler) compiles every source with -Werror, and its
+    library's kernels give gcc's bytes on every ISA runnable here."""
+    cffi = pytest.importorskip("cffi")
+    build = _load_build_module()
+    monkeypatch.setenv("CC", "clang")
+    so = build.build(tmp_path / "libmlrt_clang.so")
+    build.build(tmp_path / "libmlbitnet_clang.so", lib="mlbitnet")
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    clang = Kernels(ffi, ffi.dlopen(str(so)))
+    x = np.random.default_rng(5).integers(-2**20, 2**20, (64, BLOCK)) * np.float32(2.0**-12)
+    for isa in ISAS:
+        assert clang.runnable(isa) == kern.runnable(isa), isa
+        if kern.runnable(isa):
+            for a, b in zip(clang.quantize(isa, x), kern.quantize(isa, x), strict=True):
+                assert a.tobytes() == b.tobytes(), isa
 
 
 def test_hook_arguments(kern):
@@ -412,7 +475,8 @@ def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: li
 
 
 NEON_SOURCES = [(NATIVE / "tests" / "neon_main.c", []), (SRC / "kern_scalar.c", []), (SRC / "dispatch.c", []),
-                (SRC / "kern_neon.c", []), (SRC / "kern_neon_dotprod.c", ["-march=armv8.2-a+dotprod"])]
+                (SRC / "cpu.c", []), (SRC / "kern_neon.c", []),
+                (SRC / "kern_neon_dotprod.c", ["-march=armv8.2-a+dotprod"])]
 
 
 @pytest.fixture(scope="module")
@@ -479,7 +543,7 @@ def test_avx2_driver_sanitized(tmp_path):
     a block's end, misaligned accesses, signed overflow in the sums)."""
     san = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
     srcs = [(NATIVE / "tests" / "neon_main.c", san), (SRC / "kern_scalar.c", san), (SRC / "dispatch.c", san),
-            (SRC / "kern_avx2.c", [*san, "-mavx2", "-mfma", "-mf16c"])]
+            (SRC / "cpu.c", san), (SRC / "kern_avx2.c", [*san, "-mavx2", "-mfma", "-mf16c"])]
     exe = _compile("gcc", tmp_path / "kern_main", srcs, san)
     r = _run([str(exe), "--rounds", "300"])
     if r.returncode and "avx2: not runnable" in r.stdout:

@@ -23,6 +23,7 @@ import argparse
 import importlib.util
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -48,16 +49,23 @@ ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
     "i2s_neon.c": (("aarch64", "arm64"), []),
 }
 # library -> (its sources, the default output path). The bitnet runtime shares only the native
-# runtime's infrastructure (thread pool, f16 conversion), none of its math.
+# runtime's infrastructure (thread pool, f16 conversion, CPU features), none of its math.
 LIBRARIES = {
     "mlrt": (lambda: sorted(SRC.glob("*.c")), HERE / "libmlrt.so"),
-    "mlbitnet": (lambda: [*sorted((BITNET / "src").glob("*.c")), SRC / "pool.c", SRC / "f16.c"],
+    "mlbitnet": (lambda: [*sorted((BITNET / "src").glob("*.c")),
+                          *(SRC / f for f in ("pool.c", "f16.c", "cpu.c"))],
                  BITNET / "libmlbitnet.so"),
 }
 
 
 class BuildError(RuntimeError):
     pass
+
+
+def default_cc() -> str:
+    """The C compiler command: $CC when set (as make and setuptools honour it; it may carry
+    arguments, e.g. "ccache clang"), else gcc."""
+    return os.environ.get("CC", "").strip() or "gcc"
 
 
 def _m32_asm_include(where: Path) -> list[str]:
@@ -88,14 +96,15 @@ def sources(machine: str | None = None, lib: str = "mlrt") -> list[tuple[Path, l
     return out
 
 
-def build(out: str | Path | None = None, *, lib: str = "mlrt", cc: str = "gcc", sanitize: bool = False,
+def build(out: str | Path | None = None, *, lib: str = "mlrt", cc: str | None = None, sanitize: bool = False,
           m32: bool = False, machine: str | None = None, extra: list[str] | None = None) -> Path:
     """Compile library ``lib`` and link it into ``out`` (default: its place in the source tree);
     raises BuildError with the compiler's output."""
     out = out or LIBRARIES[lib][1]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if shutil.which(cc) is None:
+    cc = cc or default_cc()
+    if not shlex.split(cc) or shutil.which(shlex.split(cc)[0]) is None:
         raise BuildError(f"C compiler {cc!r} not found (the native backend needs gcc or clang)")
     flags = list(CFLAGS) + (extra or [])
     if sanitize:
@@ -154,9 +163,10 @@ def _compile_link(cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]],
         objs = []
         for src, isa in srcs:
             obj = build_dir / (src.stem + ".o")
-            _run([cc, *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o", str(obj)])
+            _run([*shlex.split(cc), *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o",
+                  str(obj)])
             objs.append(str(obj))
-        _run([cc, *flags, *link_flags, "-o", str(tmp), *objs, "-lm", "-lpthread"])
+        _run([*shlex.split(cc), *flags, *link_flags, "-o", str(tmp), *objs, "-lm", "-lpthread"])
         os.replace(tmp, out)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
@@ -170,7 +180,7 @@ def build_worker(out: str | Path, machine: str = "aarch64", cc: str = "aarch64-l
     Raises BuildError with the compiler's output."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if shutil.which(cc) is None:
+    if not shlex.split(cc) or shutil.which(shlex.split(cc)[0]) is None:
         raise BuildError(f"C compiler {cc!r} not found")
     flags = [f for f in CFLAGS if f != "-fPIC"]
     return _compile_link(cc, flags, [*sources(machine), (WORKER_MAIN, [])], ["-static"], out)
@@ -184,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="build every library at its default path")
     ap.add_argument("--sanitize", action="store_true", help="AddressSanitizer + UBSan build")
     ap.add_argument("--m32", action="store_true", help="32-bit build (gcc-multilib)")
-    ap.add_argument("--cc", help="default: gcc (--worker: aarch64-linux-gnu-gcc)")
+    ap.add_argument("--cc", help="default: $CC, else gcc (--worker: aarch64-linux-gnu-gcc)")
     ap.add_argument("--worker", action="store_true",
                     help="the static aarch64 worker executable of native:neon under qemu (build_worker)")
     args = ap.parse_args(argv)
@@ -194,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                                cc=args.cc or "aarch64-linux-gnu-gcc"))
         elif args.all:
             for lib in LIBRARIES:
-                print(build(lib=lib, cc=args.cc or "gcc", sanitize=args.sanitize, m32=args.m32))
+                print(build(lib=lib, cc=args.cc, sanitize=args.sanitize, m32=args.m32))
         else:
-            print(build(args.out, lib=args.lib, cc=args.cc or "gcc", sanitize=args.sanitize, m32=args.m32))
+            print(build(args.out, lib=args.lib, cc=args.cc, sanitize=args.sanitize, m32=args.m32))
     except BuildError as e:
         print(f"build.py: {e}", file=sys.stderr)
         return 1

@@ -1,19 +1,19 @@
 /* dispatch.c: which I2_S kernel table runs, and the library-level functions of the ABI.
  *
  * The choice is the library's only global state: made once from the CPU's features at the first
- * i2s_kernels() call, or forced by ml_set_isa() (before loading models). x86-64: "avx2" needs AVX2
- * (gcc's __builtin_cpu_supports also checks that the OS saves the YMM registers). aarch64: "neon"
- * is baseline.
+ * i2s_kernels() call (the table MLRT_ISA names if runnable, else the best runnable one), or forced
+ * by ml_set_isa() (before loading models). x86-64: "avx2" needs AVX2, FMA and F16C and the OS's
+ * saving of the YMM registers (native/src/cpu.c: cpuid and xgetbv). aarch64: "neon" is baseline.
  */
 #include <string.h>
 
 #include "bitnet.h"
+#include "../../native/src/cpu.h"
 
 static int runnable(const i2s_kernel_table *t) {
 #if defined(__x86_64__)
     if (t == &i2s_kernels_avx2) {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return ml_cpu_avx2();
     }
 #endif
     (void)t;
@@ -43,7 +43,8 @@ const i2s_kernel_table *i2s_kernels_named(const char *name) {
 const i2s_kernel_table *i2s_kernels(void) {
     const i2s_kernel_table *t = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
     if (t != NULL) return t;
-    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
+    t = i2s_kernels_named(ml_isa_override()); /* MLRT_ISA, when it names a runnable table */
+    for (size_t i = 0; t == NULL && i < sizeof tables / sizeof tables[0]; i++)
         if (runnable(tables[i])) {
             t = tables[i];
             break;

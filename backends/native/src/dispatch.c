@@ -2,14 +2,16 @@
  * from the CPU's features at the first ml_kernels() call, or forced by ml_set_isa() (meant to be
  * called before loading models; a later call affects only later kernel calls).
  *
- * x86-64: "avx2" needs AVX2, FMA and F16C (the flags kern_avx2.c is compiled with); gcc's
- * __builtin_cpu_supports also checks that the OS saves the YMM registers. The 32-bit x86 build
+ * The first choice is the table MLRT_ISA names, if runnable, else the best runnable one (cpu.h).
+ * x86-64: "avx2" needs AVX2, FMA and F16C (the flags kern_avx2.c is compiled with) and the OS's
+ * saving of the YMM registers (cpu.c: cpuid and xgetbv). The 32-bit x86 build
  * has no AVX2 table. aarch64: "neon" is baseline; "neon-dotprod" needs HWCAP_ASIMDDP (Linux) or
  * hw.optional.arm.FEAT_DotProd (macOS).
  */
 #include <string.h>
 
 #include "../include/mlrt.h"
+#include "cpu.h"
 #include "kernels.h"
 #include "util.h"
 
@@ -26,8 +28,7 @@
 static int runnable(const ml_kernel_table *t) {
 #if defined(__x86_64__)
     if (t == &ml_kernels_avx2) {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return ml_cpu_avx2();
     }
 #endif
 #if defined(__aarch64__)
@@ -71,7 +72,8 @@ const ml_kernel_table *ml_kernels_named(const char *name) {
 const ml_kernel_table *ml_kernels(void) {
     const ml_kernel_table *t = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
     if (t != NULL) return t;
-    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
+    t = ml_kernels_named(ml_isa_override()); /* MLRT_ISA, when it names a runnable table */
+    for (size_t i = 0; t == NULL && i < sizeof tables / sizeof tables[0]; i++)
         if (runnable(tables[i])) {
             t = tables[i];
             break;

@@ -1,8 +1,8 @@
 /* neon_main.c: standalone check of the SIMD kernel tables against the scalar twin.
  *
  * Written for aarch64 under qemu-user (tests/test_native_kernels.py cross-compiles it with
- * kern_scalar.c, kern_neon.c, kern_neon_dotprod.c and dispatch.c, -static), and builds as well on
- * x86-64 with kern_avx2.c. Every runnable non-scalar table is compared with ml_kernels_scalar:
+ * kern_scalar.c, kern_neon.c, kern_neon_dotprod.c, dispatch.c and cpu.c, -static), and builds
+ * as well on x86-64 with kern_avx2.c. Every runnable non-scalar table is compared with ml_kernels_scalar:
  * quantizer bytes and scale bits, integer block sums and dot products (all ISAs use one float
  * order, so the dots are bit-identical too) on edge and random inputs; the four-row dots (dot4)
  * give each row the scalar single-row dot's bits.
