@@ -307,9 +307,11 @@ def cmd_forward(args) -> int:
 
 def _read_tokens_file(path: str) -> np.ndarray:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a text file of token ids (not UTF-8)") from None
     return parse_tokens(",".join(text.split()))
 
 
@@ -663,8 +665,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _never_unencodable() -> None:
+    """Text a locale cannot encode (a decoded token in an ASCII locale) prints as backslash
+    escapes instead of raising: the output stays one line per record, never a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _never_unencodable()
     if argv[:1] == ["convert"]:  # its options (and --help) belong to tools/convert.py
         return cmd_convert(argparse.Namespace(args=argv[1:]))
     if argv[:1] == ["convert-tokenizer"]:

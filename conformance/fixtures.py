@@ -258,7 +258,7 @@ def _intact(folder: Path) -> bool:
     """Whether every file of a cached set is still as it was generated (a runtime under test
     could have written to one; a stale or damaged set must never judge a run)."""
     try:
-        want = json.loads((folder / _HASHES).read_text())
+        want = json.loads((folder / _HASHES).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(want, dict) and all(_state(folder / f) == h for f, h in want.items())
@@ -279,7 +279,7 @@ def cached() -> Path | None:
         try:
             made = generate(tmp)
             hashes = {f.file: _state(tmp / f.file) for f in made}
-            (tmp / _HASHES).write_text(json.dumps(hashes, indent=0, sort_keys=True))
+            (tmp / _HASHES).write_text(json.dumps(hashes, indent=0, sort_keys=True), encoding="utf-8")
             if final.exists() and not _intact(final):
                 shutil.rmtree(final, ignore_errors=True)
             try:

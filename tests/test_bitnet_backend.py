@@ -78,7 +78,7 @@ def test_names_and_registry(bitnet):
                     reason="an installed package: stale_sources checks source trees only")
 def test_stale_sources_takes_a_library(tmp_path):
     lib, src = tmp_path / "lib.so", tmp_path / "a.c"
-    src.write_text("")
+    src.write_text("", encoding="utf-8")
     lib.write_bytes(b"")
     os.utime(src, (1e9, 1e9))
     assert stale_sources(lib, [src]) == []

@@ -442,7 +442,7 @@ int main(void) {
 
 
 def _asan_runtime() -> Path | None:
-    r = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True)
+    r = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, encoding="utf-8")
     p = Path(r.stdout.strip())
     return p.resolve() if r.returncode == 0 and p.is_absolute() and p.exists() else None
 
@@ -474,11 +474,11 @@ def test_sanitizer_build(build_mod, models, tmp_path):
         pytest.skip("the ASan runtime (gcc -print-file-name=libasan.so) is not installed")
     so = build_mod.build(tmp_path / "libmlbitnet.so", lib="mlbitnet", sanitize=True)
     src = tmp_path / "driver.c"
-    src.write_text(DRIVER)
+    src.write_text(DRIVER, encoding="utf-8")
     exe = tmp_path / "driver"
     cmd = ["gcc", "-std=c11", "-g", "-fsanitize=address,undefined", "-I", str(NATIVE / "include"), str(src),
            str(so), f"-Wl,-rpath,{so.parent}", "-o", str(exe)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, encoding="utf-8")
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     valid = [models[k][0] for k in sorted(models)]
     bad = [_patched(s, tmp_path / f"{c}.gguf", ed) for c, s, ed, _, _ in _edit_cases(models)]
@@ -488,8 +488,8 @@ def test_sanitizer_build(build_mod, models, tmp_path):
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
     env.pop("LD_PRELOAD", None)
-    r = subprocess.run([str(exe)], input="".join(f"{p}\n" for p in paths), capture_output=True, text=True,
-                       errors="replace", env=env, timeout=600)
+    r = subprocess.run([str(exe)], input="".join(f"{p}\n" for p in paths), capture_output=True,
+                       encoding="utf-8", errors="replace", env=env, timeout=600)
     for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
         assert marker not in r.stderr, r.stderr[-4000:]
     assert r.returncode == 0, r.stderr[-4000:]

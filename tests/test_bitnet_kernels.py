@@ -530,11 +530,11 @@ def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: li
     for src, flags in sources:
         obj = out.parent / f"{out.name}.{src.stem}.o"
         r = subprocess.run([cc, *CFLAGS, *flags, "-c", str(src), "-o", str(obj)], capture_output=True,
-                           text=True)
+                           text=True, encoding="utf-8")
         assert r.returncode == 0, f"{cc} {src.name}:\n{r.stderr}"
         objs.append(str(obj))
     r = subprocess.run([cc, *CFLAGS, *link, "-o", str(out), *objs, "-lm", "-lpthread"], capture_output=True,
-                       text=True)
+                       text=True, encoding="utf-8")
     assert r.returncode == 0, f"{cc} link:\n{r.stderr}"
     return out
 

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,13 @@ from mlconf import fixtures
 from mlconf.backends.reference import quant
 
 
-def mlconf(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "mlconf.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+def mlconf(*args, cwd=None, env=None):
+    """The CLI in a subprocess, its arguments and output in UTF-8 whatever this process's locale
+    (PYTHONUTF8=1 unless ``env`` says otherwise), so that no test depends on the locale."""
+    argv = [sys.executable, "-m", "mlconf.cli", *(str(a).encode("utf-8") for a in args)]
+    env = {**os.environ, "PYTHONUTF8": "1", **(env or {})}
+    return subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace",
+                          cwd=cwd, env=env, timeout=300)
 
 
 def no_traceback(r):
@@ -66,7 +71,7 @@ def test_usage_errors_exit_1():
 
 
 def test_fixtures_manifest_matches_catalog_and_is_deterministic(fx, tmp_path):
-    doc = json.loads((fx / "manifest.json").read_text())
+    doc = json.loads((fx / "manifest.json").read_text(encoding="utf-8"))
     assert len(doc["fixtures"]) == len(fixtures.catalog())
     for f in doc["fixtures"]:
         p = fx / f["file"]
@@ -160,7 +165,7 @@ def test_imatrix_command(tmp_path):
     from mlconf.golden import GOLDEN_DIR
     from mlconf.tools import mlb
     model = GOLDEN_DIR / "logits" / "qwen2_bias.mlb"
-    (tmp_path / "t.txt").write_text("1 2 3\n4,5\n")
+    (tmp_path / "t.txt").write_text("1 2 3\n4,5\n", encoding="utf-8")
     r = mlconf("imatrix", model, "--tokens-file", tmp_path / "t.txt", "--ctx", "2", "-o", tmp_path / "o.mli")
     assert r.returncode == 0, r.stderr
     im = mlb.read_imatrix(tmp_path / "o.mli")
@@ -204,6 +209,18 @@ def test_encode_decode_commands(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
     r = mlconf("encode", p, "--file", tmp_path / "bad.txt")
     assert r.returncode == 1 and "UTF-8" in r.stderr
+
+
+def test_decode_in_an_ascii_locale_escapes_what_it_cannot_print(tmp_path):
+    """LC_ALL=C without Python's UTF-8 coercion: stdout is ASCII; "é" prints escaped, no traceback."""
+    from mlconf import mlt_fixtures
+    from mlconf.tools import mlt
+    p = tmp_path / "sp.mlt"
+    mlt.write(p, mlt_fixtures.BASES["sp"][0])
+    ascii_env = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    r = mlconf("decode", p, "--ids", "263,263,258,197,171", env=ascii_env)
+    assert r.returncode == 0 and r.stdout == "ab ab \\xe9\n", r.stderr
+    no_traceback(r)
 
 
 def test_bench_tokenizer_runs():
@@ -296,7 +313,7 @@ def test_embed_errors_are_one_line(tmp_path):
     path, _ = _bitnet_golden("qwen3_i2s")
     gemma, _ = _bitnet_golden("gemma3_i2s")
     (tmp_path / "bad.gguf").write_bytes(b"GGUF" + bytes(20))
-    (tmp_path / "text.gguf").write_text("not a model")
+    (tmp_path / "text.gguf").write_text("not a model", encoding="utf-8")
     for args, needle in (
             ([tmp_path / "absent.gguf", "--tokens", "1"], "absent.gguf"),
             ([tmp_path / "bad.gguf", "--tokens", "1"], "bad.gguf"),

@@ -412,8 +412,9 @@ def copy_checkpoint(src: Path, dst: Path, config=None, tensors=None) -> Path:
     removed) and/or its tensors edited (a function of the dict of numpy arrays)."""
     shutil.copytree(src, dst)
     if config is not None:
-        c = config(json.loads((dst / "config.json").read_text()))
-        (dst / "config.json").write_text(json.dumps({k: v for k, v in c.items() if v is not None}))
+        c = config(json.loads((dst / "config.json").read_text(encoding="utf-8")))
+        kept = {k: v for k, v in c.items() if v is not None}
+        (dst / "config.json").write_text(json.dumps(kept), encoding="utf-8")
     if tensors is not None:
         f = dst / "model.safetensors"
         arrays = tensors(dict(safetensors_numpy.load_file(f)))
@@ -510,11 +511,11 @@ def test_cli_script(hf, tmp_path):
     script = REPO / "tools" / "convert.py"
     out = tmp_path / "m.mlb"
     r = subprocess.run([sys.executable, str(script), str(hf["qwen2"][0]), str(out)],
-                       capture_output=True, text=True)
+                       capture_output=True, encoding="utf-8")
     assert r.returncode == 0, r.stderr
     assert loader.load(out).ok
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "nowhere"), str(tmp_path / "x.mlb")],
-                       capture_output=True, text=True)
+                       capture_output=True, encoding="utf-8")
     assert r.returncode == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
 
 
@@ -522,7 +523,7 @@ def test_imports():
     """tools/ works without the harness, and hf_models imports torch only when used."""
     allowed = ("mlconf.tools", "mlconf.backends.reference", "mlconf.specs")
     for f in ("convert.py", "hf_models.py"):
-        tree = ast.parse((REPO / "tools" / f).read_text())
+        tree = ast.parse((REPO / "tools" / f).read_text(encoding="utf-8"))
         mods = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         mods += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         assert all(m.startswith(allowed) or m == "mlconf" or not m.startswith("mlconf") for m in mods), f

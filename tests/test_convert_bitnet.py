@@ -145,7 +145,7 @@ def test_per_projection_norm_shapes(converted) -> None:
 def test_hyperparameters(converted, flavor: str, outtype: str) -> None:
     ck, path, summary = converted[(flavor, outtype)]
     arch, _, pooling = FLAVORS[flavor]
-    cfg = json.loads((ck / "config.json").read_text())
+    cfg = json.loads((ck / "config.json").read_text(encoding="utf-8"))
     r = read(path)
     assert val(r, "general.architecture") == arch
     want = {"context_length": 128, "embedding_length": hidden(outtype), "block_count": 2,
@@ -173,7 +173,7 @@ def test_hyperparameters(converted, flavor: str, outtype: str) -> None:
 @pytest.mark.parametrize("flavor", list(FLAVORS))
 def test_tokenizer(converted, flavor: str) -> None:
     ck, path, _ = converted[(flavor, "f16")]
-    tj = json.loads((ck / "tokenizer.json").read_text())
+    tj = json.loads((ck / "tokenizer.json").read_text(encoding="utf-8"))
     by_id = {i: t for t, i in tj["model"]["vocab"].items()}
     by_id |= {a["id"]: a["content"] for a in tj["added_tokens"]}
     r = read(path)
@@ -225,7 +225,7 @@ def test_cli(ckpts, tmp_path) -> None:
     out = tmp_path / "cli.gguf"
     p = subprocess.run([sys.executable, str(REPO / "tools" / "convert_bitnet.py"),
                         str(ckpts[("gemma3_text", 128)]), str(out), "--outtype", "i2_s"],
-                       capture_output=True, text=True)
+                       capture_output=True, encoding="utf-8")
     assert p.returncode == 0, p.stderr
     assert "gemma3" in p.stdout and out.exists()
 
@@ -244,8 +244,8 @@ def _refused(ck: Path, tmp_path: Path, outtype: str, *needles: str) -> None:
 def test_refuses_other_model_type(tmp_path) -> None:
     ck = tmp_path / "m"
     bitnet_models.build("qwen3", ck)
-    cfg = json.loads((ck / "config.json").read_text())
-    (ck / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    cfg = json.loads((ck / "config.json").read_text(encoding="utf-8"))
+    (ck / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}), encoding="utf-8")
     _refused(ck, tmp_path, "f16", "model_type 'llama'")
 
 
@@ -281,15 +281,15 @@ def test_refuses_i2s_partial_blocks(ckpts, tmp_path) -> None:
 def test_refuses_pooling_config(tmp_path) -> None:
     ck = bitnet_models.build("qwen3", tmp_path / "m", pooling="mean")
     p = ck / "1_Pooling" / "config.json"
-    p.write_text(json.dumps({**json.loads(p.read_text()), "pooling_mode_cls_token": True}))
+    p.write_text(json.dumps({**json.loads(p.read_text(encoding="utf-8")), "pooling_mode_cls_token": True}))
     _refused(ck, tmp_path, "f16", "pooling_mode_mean_tokens", "pooling_mode_cls_token")
 
 
 def test_refuses_rope_scaling(tmp_path) -> None:
     ck = bitnet_models.build("qwen3", tmp_path / "m")
-    cfg = json.loads((ck / "config.json").read_text())
+    cfg = json.loads((ck / "config.json").read_text(encoding="utf-8"))
     cfg["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
-    (ck / "config.json").write_text(json.dumps(cfg))
+    (ck / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
     _refused(ck, tmp_path, "f32", "rope_type = 'linear'")
 
 
@@ -311,7 +311,8 @@ def test_failure_while_writing_leaves_no_file(tmp_path) -> None:
 def test_refuses_non_byte_level_tokenizer(tmp_path) -> None:
     ck = bitnet_models.build("gemma3_text", tmp_path / "m")
     p = ck / "tokenizer.json"
-    p.write_text(json.dumps({**json.loads(p.read_text()), "pre_tokenizer": {"type": "Metaspace"}}))
+    doc = {**json.loads(p.read_text(encoding="utf-8")), "pre_tokenizer": {"type": "Metaspace"}}
+    p.write_text(json.dumps(doc), encoding="utf-8")
     _refused(ck, tmp_path, "f16", "ByteLevel")
 
 

@@ -362,7 +362,7 @@ def test_refusal_keeps_an_existing_output(tmp_path):
     out.parent.mkdir()
     out.write_bytes(b"old")
     src = tmp_path / "t.json"
-    src.write_text(json.dumps(doc))
+    src.write_text(json.dumps(doc), encoding="utf-8")
     with pytest.raises(ct.ConvertError):
         ct.convert(src, out)
     assert out.read_bytes() == b"old"
@@ -371,7 +371,7 @@ def test_refusal_keeps_an_existing_output(tmp_path):
 @pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"model": 3}'])
 def test_unreadable_input(content, tmp_path, capsys):
     src = tmp_path / "tokenizer.json"
-    src.write_text(content)
+    src.write_text(content, encoding="utf-8")
     assert ct.main([str(src), str(tmp_path / "o.mlt")]) == 1
     assert capsys.readouterr().err.startswith(f"error: {src}: ")
     assert not (tmp_path / "o.mlt").exists()
@@ -501,23 +501,23 @@ def test_bos_named_in_config_is_not_added(tmp_path):
     """Early Llama 3 files: bos_token in the config, no BOS in the post-processor -> bos set, flag 1 clear
     (HF tokenizers adds none)."""
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}))
+    cfg.write_text(json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}), encoding="utf-8")
     tok = ct.build(_write(bl_base(), tmp_path / "t.json"), cfg)
     assert (tok.bos, tok.eos, tok.flags & 1) == (263, 263, 0)
 
 
 def test_config_option_and_beside(tmp_path, capsys):
     src = _write(sp_base(), tmp_path / "tokenizer.json")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}), encoding="utf-8")
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({"eos_token": "<unk>"}))
+    other.write_text(json.dumps({"eos_token": "<unk>"}), encoding="utf-8")
     assert ct.build(src).eos == 2
     assert ct.build(src, other).eos == 0
     assert ct.main([str(src), str(tmp_path / "a.mlt"), "--config", str(other)]) == 0
     assert mlt.read(tmp_path / "a.mlt").eos == 0
     assert "n_vocab" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
-    bad.write_text("{")
+    bad.write_text("{", encoding="utf-8")
     assert ct.main([str(src), str(tmp_path / "b.mlt"), "--config", str(bad)]) == 1
     assert not (tmp_path / "b.mlt").exists()
 
@@ -527,14 +527,14 @@ def test_runs_as_a_script(tmp_path):
     src = _write(bl_base(), tmp_path / "t.json")
     script = REPO / "tools" / "convert_tokenizer.py"
     r = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "t.mlt")], capture_output=True,
-                       text=True)
+                       text=True, encoding="utf-8")
     assert r.returncode == 0, r.stderr
     assert mlt.read(tmp_path / "t.mlt").kind == 2
     doc = bl_base()
     doc["model"]["type"] = "WordPiece"
     src = _write(doc, tmp_path / "w.json")
     r = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "w.mlt")], capture_output=True,
-                       text=True)
+                       text=True, encoding="utf-8")
     assert r.returncode == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
     assert not (tmp_path / "w.mlt").exists()
 
@@ -546,7 +546,7 @@ def test_imports_neither_the_harness_nor_hf():
             "bad = [m for m in mods if not m.startswith(ok)]\n"
             "assert not bad, bad\n"
             "assert 'tokenizers' not in sys.modules and 'transformers' not in sys.modules\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8")
     assert r.returncode == 0, r.stderr
 
 

@@ -26,7 +26,7 @@ def _first_fixture():
 def test_generated_once_and_reused(cache):
     first = fixtures.cached()
     assert first is not None and first.parent == cache and first.name == fixtures.source_key()[:32]
-    hashes = json.loads((first / "hashes.json").read_text())
+    hashes = json.loads((first / "hashes.json").read_text(encoding="utf-8"))
     assert set(hashes) == {f.file for f in fixtures.catalog()}
     stamp = (first / "manifest.json").stat().st_mtime_ns
     assert fixtures.cached() == first
@@ -75,6 +75,6 @@ def test_cache_off(monkeypatch, tmp_path):
 
 def test_unwritable_cache_falls_back(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
-    blocker.write_text("")
+    blocker.write_text("", encoding="utf-8")
     monkeypatch.setenv(fixtures.CACHE_ENV, str(blocker / "sub"))   # cannot be created
     assert fixtures.cached() is None

@@ -38,7 +38,8 @@ TEXTS = texts()
 
 
 def committed_ids(name: str) -> dict[str, list[int]]:
-    return {k: v["ids"] for k, v in json.loads((DIR / f"{name}.ids.json").read_text())["ids"].items()}
+    doc = json.loads((DIR / f"{name}.ids.json").read_text(encoding="utf-8"))
+    return {k: v["ids"] for k, v in doc["ids"].items()}
 
 
 def convert(name: str):
@@ -53,7 +54,7 @@ def test_every_case_has_committed_goldens():
 @pytest.mark.parametrize("name", NAMES)
 def test_goldens_cover_the_text_set(name):
     """Every text of specs/tokenizer_texts.yaml, as it is now (sha256), has ids."""
-    got = json.loads((DIR / f"{name}.ids.json").read_text())["ids"]
+    got = json.loads((DIR / f"{name}.ids.json").read_text(encoding="utf-8"))["ids"]
     assert list(got) == list(TEXTS), f"{name}: re-derive: python tools/golden_tokenizers.py {name}"
     stale = [k for k, t in TEXTS.items() if got[k]["sha256"] != text_digest(t)]
     assert not stale, f"{name}: texts changed since the golden: {stale}"
@@ -127,7 +128,7 @@ def test_oracle_reencodes_the_committed_ids(name):
 
 def _without(name: str, flag: int) -> dict:
     """The case's tokenizer.json without the construct behind one flag (HF spelling)."""
-    d = json.loads((DIR / f"{name}.json").read_text())
+    d = json.loads((DIR / f"{name}.json").read_text(encoding="utf-8"))
     d = copy.deepcopy(d)
     bl_regex = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     pre = d["pre_tokenizer"]

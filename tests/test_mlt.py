@@ -87,10 +87,10 @@ def test_info_script(tmp_path):
     p = tmp_path / "t.mlt"
     mlt.write(p, mlt_fixtures.BASES["bl_qwen2"][0])
     r = subprocess.run([sys.executable, "-m", "mlconf.tools.mlt", "info", str(p)], capture_output=True,
-                       text=True)
+                       text=True, encoding="utf-8")
     assert r.returncode == 0 and "nfc" in r.stdout and "single_digits" in r.stdout
     r = subprocess.run([sys.executable, "-m", "mlconf.tools.mlt", "info", str(tmp_path / "x.mlt")],
-                       capture_output=True, text=True)
+                       capture_output=True, encoding="utf-8")
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 

@@ -32,7 +32,7 @@ def _compile(out: Path, *defines: str) -> Path:
         pytest.skip("gcc is needed to build the test library")
     cmd = ["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", *defines,
            "-I", str(HEADER.parent), str(CRASH_C), "-o", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, encoding="utf-8")
     assert r.returncode == 0, r.stderr
     return out
 
@@ -124,12 +124,12 @@ def _prototypes(text: str) -> set[str]:
 
 
 def test_cdef_declares_the_header():
-    header, cdef = _prototypes(HEADER.read_text()), _prototypes(abi.CDEF)
+    header, cdef = _prototypes(HEADER.read_text(encoding="utf-8")), _prototypes(abi.CDEF)
     assert header == cdef, f"only in mlrt.h: {header - cdef}; only in abi.CDEF: {cdef - header}"
     names = {re.search(r"\b(ml_\w+)\s*\(", p).group(1) for p in header}
     assert names == set(abi.FUNCTIONS)
     for code, name in abi.STATUS_NAMES.items():
-        assert re.search(rf"#define {name} {code}\b", HEADER.read_text()), name
+        assert re.search(rf"#define {name} {code}\b", HEADER.read_text(encoding="utf-8")), name
 
 
 # ---------------------------------------------------------------- the native runtime itself
@@ -144,8 +144,8 @@ def native():
 def test_native_is_built_in_and_listed(native):
     assert "native" in builtin_names()
     assert {"load", "quantize_q8_0", "forward"} <= native.capabilities
-    r = subprocess.run([sys.executable, "-m", "mlconf.cli", "backends"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-m", "mlconf.cli", "backends"], capture_output=True,
+                       encoding="utf-8", timeout=120)
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("native "))
     assert row.split()[1:3] == ["yes", "yes"]  # load, quantize_q8_0

@@ -51,7 +51,8 @@ def lib(tmp_path_factory):
         pytest.skip(f"native runtime incomplete: backends/native/src lacks {', '.join(missing)}")
     cffi = pytest.importorskip("cffi")
     out = tmp_path_factory.mktemp("native") / "libmlrt.so"
-    r = subprocess.run([sys.executable, str(NATIVE / "build.py"), str(out)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(NATIVE / "build.py"), str(out)], capture_output=True,
+                       encoding="utf-8")
     assert r.returncode == 0, f"build.py failed:\n{r.stdout}{r.stderr}"
     ffi = cffi.FFI()
     ffi.cdef(CDEF)

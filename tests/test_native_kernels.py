@@ -181,7 +181,7 @@ def test_mlrt_isa_sets_the_first_choice_of_both_libraries(kern, value, tmp_path)
     libs = [build.build(tmp_path / "libmlrt.so"), build.build(tmp_path / "libmlbitnet.so", lib="mlbitnet")]
     env = {**os.environ, "MLRT_ISA": value}
     out = subprocess.run([sys.executable, "-c", ENV_ISA_PROBE, *map(str, libs)], env=env,
-                         capture_output=True, text=True, check=True).stdout.split()
+                         capture_output=True, encoding="utf-8", check=True).stdout.split()
     best = next(i for i in ISAS[1:] + ["scalar"] if kern.runnable(i))
     assert out == [value if value == "scalar" else best] * 2
 
@@ -458,7 +458,7 @@ def test_dot4_equals_single_row_dots(kern, isa):
 
 # ---------------------------------------------------------------- C drivers: NEON under qemu, the pool
 def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, encoding="utf-8", timeout=timeout)
 
 
 def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: list[str]) -> Path:

@@ -147,7 +147,7 @@ def test_loader_names_the_rules_in_spec_order():
     them (the C checks run top to bottom, so this is the precedence). io.open is util.h's
     ml_open_regular, which loader.c calls before any other check."""
     ids = [r["id"] for r in ERRORS["rules"]]
-    text = (NATIVE / "src" / "util.h").read_text() + (NATIVE / "src" / "loader.c").read_text()
+    text = "".join((NATIVE / "src" / f).read_text(encoding="utf-8") for f in ("util.h", "loader.c"))
     seen: list[str] = []
     for m in re.finditer(r'"((?:io|format|shape)\.[a-z0-9_.]+)"', text):
         if m.group(1) in ids and m.group(1) not in seen:
@@ -252,7 +252,7 @@ def hooks(build_mod, tmp_path_factory):
     src = NATIVE / "src"
     cmd = ["gcc", *CFLAGS, "-fPIC", "-shared", "-I", str(NATIVE / "include"), "-I", str(src), "-o", str(out),
            str(NATIVE / "tests" / "loader_plan.c"), str(src / "loader.c"), str(src / "f16.c"), "-lm"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, encoding="utf-8")
     assert r.returncode == 0, r.stderr
     ffi = cffi.FFI()
     ffi.cdef("""int plan_dump(const char *path, char *buf, size_t cap, float *scales, size_t scales_cap,
@@ -340,15 +340,15 @@ def _driver(tmp: Path, so: Path, flags: list[str]) -> Path:
     exe = tmp / "loader_main"
     cmd = ["gcc", *CFLAGS, *flags, "-I", str(NATIVE / "include"), str(NATIVE / "tests" / "loader_main.c"),
            str(so), f"-Wl,-rpath,{so.parent}", "-o", str(exe)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, encoding="utf-8")
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     return exe
 
 
 def _run_driver(exe: Path, paths: list[Path], env: dict | None = None) -> tuple[list[tuple], str]:
     """[(check status, load status, rule)] per path, and stderr."""
-    r = subprocess.run([str(exe)], input="".join(f"{p}\n" for p in paths), capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run([str(exe)], input="".join(f"{p}\n" for p in paths), capture_output=True,
+                       encoding="utf-8", env=env, timeout=300)
     assert r.returncode == 0, f"driver exit {r.returncode}\n{r.stderr[-4000:]}"
     out = []
     for line in r.stdout.splitlines():
@@ -397,8 +397,9 @@ def _huge_headers(valid_files, folder: Path) -> list[Path]:
 def m32_driver(build_mod, tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("m32")
     probe = tmp / "probe.c"
-    probe.write_text("#include <stdio.h>\nint main(void) { return 0; }\n")
-    r = subprocess.run(["gcc", "-m32", str(probe), "-o", str(tmp / "probe")], capture_output=True, text=True)
+    probe.write_text("#include <stdio.h>\nint main(void) { return 0; }\n", encoding="utf-8")
+    r = subprocess.run(["gcc", "-m32", str(probe), "-o", str(tmp / "probe")], capture_output=True,
+                       encoding="utf-8")
     if r.returncode:
         pytest.skip(f"gcc -m32 cannot build a program (install gcc-12-multilib): {r.stderr.strip()[:200]}")
     try:
@@ -432,7 +433,7 @@ def test_m32_build_on_every_fixture(m32_driver, mlb_fixtures, valid_files, tmp_p
 
 
 def _asan_runtime() -> Path | None:
-    r = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True)
+    r = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, encoding="utf-8")
     p = Path(r.stdout.strip())
     return p.resolve() if r.returncode == 0 and p.is_absolute() and p.exists() else None
 

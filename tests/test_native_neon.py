@@ -170,7 +170,7 @@ def test_sessions_and_the_operations_beyond_the_suite(neon):
 
 def test_the_worker_is_rebuilt_when_a_source_is_newer(tools, monkeypatch, tmp_path):
     source = tmp_path / "stand-in.c"   # stands for src/*.c: the real sources are not touched
-    source.write_text("")
+    source.write_text("", encoding="utf-8")
     monkeypatch.setattr(qemu, "build_dir", lambda: tmp_path / "build")
     monkeypatch.setattr(qemu, "_sources", lambda: [source])
     (tmp_path / "build").mkdir()

@@ -183,7 +183,7 @@ def test_mutated_files_get_the_reference_status_and_rule(native, valid_mlt, scra
 
 
 def test_mlt_rules_in_spec_order():
-    src = (NATIVE / "src" / "tok_load.c").read_text()
+    src = (NATIVE / "src" / "tok_load.c").read_text(encoding="utf-8")
     ids = [r["id"] for r in specs.load("mlt")["rules"]]
     pos = [src.find(f'"{i}"') for i in ids]
     assert all(p >= 0 for p in pos), [i for i, p in zip(ids, pos, strict=True) if p < 0]

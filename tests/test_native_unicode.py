@@ -294,9 +294,9 @@ int main(int argc, char **argv) {
 
 
 def _driver(tmp: Path, cc: list[str], so: Path) -> Path:
-    (tmp / "driver.c").write_text(DRIVER)
+    (tmp / "driver.c").write_text(DRIVER, encoding="utf-8")
     r = subprocess.run([*cc, str(tmp / "driver.c"), str(so), f"-Wl,-rpath,{so.parent}", "-o",
-                        str(tmp / "driver")], capture_output=True, text=True)
+                        str(tmp / "driver")], capture_output=True, encoding="utf-8")
     if r.returncode:
         pytest.skip(f"{' '.join(cc)} cannot link a driver: {r.stderr.strip()[:200]}")
     return tmp / "driver"
@@ -330,7 +330,7 @@ def aarch64_driver(tmp_path_factory) -> list[str]:
         pytest.skip(why)
     build = _load_build_module()
     tmp = tmp_path_factory.mktemp("aarch64")
-    (tmp / "driver.c").write_text(DRIVER)
+    (tmp / "driver.c").write_text(DRIVER, encoding="utf-8")
     flags = [f for f in build.CFLAGS if f != "-fPIC"]
     srcs = [*build.sources("aarch64"), (tmp / "driver.c", [])]
     exe = build._compile_link("aarch64-linux-gnu-gcc", flags, srcs, ["-static"], tmp / "driver")

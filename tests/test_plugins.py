@@ -81,7 +81,7 @@ def test_bad_names():
 
 def test_program_that_dies_at_hello(tmp_path):
     p = tmp_path / "dies.py"
-    p.write_text("import sys\nsys.stderr.write('no GPU here\\n')\nsys.exit(4)\n")
+    p.write_text("import sys\nsys.stderr.write('no GPU here\\n')\nsys.exit(4)\n", encoding="utf-8")
     with pytest.raises(WorkerCrash, match=r"exited with status 4 during hello.*no GPU here"):
         backends.get(cmd_name(p))
 
@@ -150,15 +150,15 @@ def test_example_runtime_through_the_cli(tmp_path):
     rel = Q8_RUNTIME.relative_to(ROOT)
     args = ["run", "--area", "quant", "--report", str(tmp_path / "reports")]
     r = subprocess.run(MLCONF + args + ["-b", f"cmd:python {rel}"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, encoding="utf-8", timeout=120)
     if r.returncode and "--report" in r.stderr and "unrecognized" in r.stderr:   # before reports exist
         args = args[:3]
         r = subprocess.run(MLCONF + args + ["-b", f"cmd:python {rel}"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, encoding="utf-8", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"cmd:python {rel}" in r.stdout
     w = subprocess.run(MLCONF + args + ["-b", f"cmd:python {rel} --wrong"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, encoding="utf-8", timeout=120)
     assert w.returncode == 1, w.stdout + w.stderr
     assert "ties_after_the_multiply" in w.stdout + w.stderr
 
@@ -260,7 +260,7 @@ def test_error_kinds_map_to_exceptions(tmp_path):
         "        out = {'ok': True, 'ids': [len(r['text']), len(r['utf8'])]}\n"
         "    else:\n"
         "        out = {'ok': False, 'error': {'kind': 'input', 'message': 'non-finite'}}\n"
-        "    print(json.dumps({'id': r['id'], **out}), flush=True)\n")
+        "    print(json.dumps({'id': r['id'], **out}), flush=True)\n", encoding="utf-8")
     b = backends.get(cmd_name(p))
     try:
         with pytest.raises(InputError, match="because"):
@@ -309,7 +309,7 @@ def installed_example(tmp_path_factory) -> Path:
     target = tmp / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
                         "--no-index", "--no-compile", "-q", "--target", str(target), str(src)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, encoding="utf-8", timeout=120)
     if r.returncode:
         pytest.skip(f"pip cannot build examples/plugin_backend offline: {r.stderr.strip()[-300:]}")
     assert list(target.glob("mlconf_example_q8-*.dist-info/entry_points.txt"))
@@ -335,10 +335,10 @@ def test_entry_point_plugin_through_the_cli(installed_example, tmp_path):
                                                          os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run(MLCONF + ["run", "-b", "example-q8", "--area", "quant", "-k", "q8_0",
                                  "--report", str(tmp_path / "reports")],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                       cwd=tmp_path, env=env, capture_output=True, encoding="utf-8", timeout=120)
     if r.returncode and "unrecognized" in r.stderr:   # a CLI without --report
         r = subprocess.run(MLCONF + ["run", "-b", "example-q8", "--area", "quant", "-k", "q8_0"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                           cwd=tmp_path, env=env, capture_output=True, encoding="utf-8", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "example-q8" in r.stdout
 
@@ -360,12 +360,13 @@ def broken_site(tmp_path) -> Path:
     site = tmp_path / "site"
     di = site / "mlconf_broken-0.1.dist-info"
     di.mkdir(parents=True)
-    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: mlconf-broken\nVersion: 0.1\n")
-    (di / "entry_points.txt").write_text(BROKEN_ENTRY_POINTS)
+    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: mlconf-broken\nVersion: 0.1\n",
+                                 encoding="utf-8")
+    (di / "entry_points.txt").write_text(BROKEN_ENTRY_POINTS, encoding="utf-8")
     (site / "mlconf_raising_plugin.py").write_text(
         "VALUE = 42\n\n"
         "def factory(name):\n    raise RuntimeError('no GPU found')\n\n"
-        "def not_a_backend(name):\n    return object()\n")
+        "def not_a_backend(name):\n    return object()\n", encoding="utf-8")
     return site
 
 
@@ -398,7 +399,7 @@ def test_broken_plugins_do_not_break_mlconf(broken_site, plugin_path):
 
 def test_mlconf_backends_still_works_with_broken_plugins(broken_site, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken_site), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run(MLCONF + ["backends"], cwd=tmp_path, env=env, capture_output=True, text=True,
+    r = subprocess.run(MLCONF + ["backends"], cwd=tmp_path, env=env, capture_output=True, encoding="utf-8",
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "reference" in r.stdout
@@ -407,13 +408,13 @@ def test_mlconf_backends_still_works_with_broken_plugins(broken_site, tmp_path):
     assert "ModuleNotFoundError" in listed, listed
     assert "the built-in backend 'reference' has that name" in listed, listed
     r = subprocess.run(MLCONF + ["run", "-b", "broken-factory", "--area", "quant"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, encoding="utf-8", timeout=120)
     assert r.returncode == 1 and "no GPU found" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_the_example_runtime_imports_nothing_from_mlconf():
     for p in (Q8_RUNTIME, PLUGIN_SRC / "mlconf_example_q8.py"):
-        assert not re.search(r"^\s*(from|import)\s+mlconf", p.read_text(), flags=re.M), p
+        assert not re.search(r"^\s*(from|import)\s+mlconf", p.read_text(encoding="utf-8"), flags=re.M), p
 
 
 def test_protocol_bytes_on_the_wire():

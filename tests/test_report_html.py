@@ -261,7 +261,7 @@ def _dump_dom(path: Path, profile: Path) -> tuple[str, list[str]]:
         [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
          "--virtual-time-budget=2000", "--dump-dom", path.as_uri()],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, encoding="utf-8", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Console messages, uncaught exceptions and CSP refusals all appear as ":CONSOLE" lines;
     # the page logs nothing on its own, so any such line is an error.

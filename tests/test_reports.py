@@ -212,8 +212,8 @@ def test_report_rebuilds_summary_from_results(wrong_run, tmp_path, capsys):
     _, _, doc = wrong_run
     reports.write(doc, tmp_path / "a", wall=1.25)
     assert cli.main(["report", str(tmp_path / "a" / "results.json"), "--report", str(tmp_path / "b")]) == 0
-    a = (tmp_path / "a" / "summary.md").read_text().splitlines()
-    b = (tmp_path / "b" / "summary.md").read_text().splitlines()
+    a = (tmp_path / "a" / "summary.md").read_text(encoding="utf-8").splitlines()
+    b = (tmp_path / "b" / "summary.md").read_text(encoding="utf-8").splitlines()
     assert a[-1] == "Wall time: 1.25 s." and b[-1].startswith("Wall time: not recorded")
     assert a[:-1] == b[:-1] and len(a) > 20
     assert (tmp_path / "a" / "junit.xml").read_bytes() == (tmp_path / "b" / "junit.xml").read_bytes()
@@ -221,8 +221,8 @@ def test_report_rebuilds_summary_from_results(wrong_run, tmp_path, capsys):
 
 
 def test_report_refuses_a_file_that_is_not_results(tmp_path, capsys):
-    (tmp_path / "x.json").write_text(json.dumps({"hello": 1}))
-    (tmp_path / "y.json").write_text("not json")
+    (tmp_path / "x.json").write_text(json.dumps({"hello": 1}), encoding="utf-8")
+    (tmp_path / "y.json").write_text("not json", encoding="utf-8")
     for name in ("x.json", "y.json", "missing.json"):
         assert cli.main(["report", str(tmp_path / name), "--report", str(tmp_path / "out")]) == 1
         err = capsys.readouterr().err
@@ -233,7 +233,7 @@ def test_report_refuses_a_file_that_is_not_results(tmp_path, capsys):
 def test_diff_finds_a_planted_regression(wrong_run, tmp_path, capsys):
     _, _, doc = wrong_run
     old = tmp_path / "old.json"
-    old.write_text(reports.dumps(doc))
+    old.write_text(reports.dumps(doc), encoding="utf-8")
     assert cli.main(["diff", str(old), str(old)]) == 0
     assert "Regressed: 0" in capsys.readouterr().out
     new = copy.deepcopy(doc)
@@ -243,7 +243,7 @@ def test_diff_finds_a_planted_regression(wrong_run, tmp_path, capsys):
     gone = passing[1]
     new["records"].remove(gone)
     failing[0].update(outcome="pass")
-    (tmp_path / "new.json").write_text(reports.dumps(new))
+    (tmp_path / "new.json").write_text(reports.dumps(new), encoding="utf-8")
     assert cli.main(["diff", str(old), str(tmp_path / "new.json")]) == 1
     text = capsys.readouterr().out
     assert "Regressed: 2" in text and "Fixed: 1" in text
@@ -264,4 +264,5 @@ def test_html_is_written_when_the_renderer_exists(wrong_run, tmp_path):
         assert written == {"results.json", "summary.md", "junit.xml"}
     else:
         assert written == set(reports.FILES)
-        assert (tmp_path / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
+        page = (tmp_path / "report.html").read_text(encoding="utf-8")
+        assert page.lstrip().lower().startswith("<!doctype html")

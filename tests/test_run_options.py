@@ -39,7 +39,7 @@ def wrong_registered():
 
 def run_cli(tmp_path, *args, name="out"):
     rc = cli.main(["run", *args, "--report", str(tmp_path / name)])
-    doc = json.loads((tmp_path / name / "results.json").read_text())
+    doc = json.loads((tmp_path / name / "results.json").read_text(encoding="utf-8"))
     return rc, doc
 
 
@@ -81,9 +81,9 @@ def test_strict_turns_unsupported_into_failures(tmp_path, capsys):
     out = capsys.readouterr()
     assert f"{len(doc['records'])} failed, errored, crashed, timed out or were unsupported" in out.out
     assert "UNSUPPORTED native bitnet/i2s_pack/golden" in out.err
-    md = (tmp_path / "strict" / "summary.md").read_text()
+    md = (tmp_path / "strict" / "summary.md").read_text(encoding="utf-8")
     assert "--strict" in md and md.count("| unsupported |") == len(doc["records"])
-    junit = (tmp_path / "strict" / "junit.xml").read_text()
+    junit = (tmp_path / "strict" / "junit.xml").read_text(encoding="utf-8")
     assert f'failures="{len(doc["records"])}"' in junit
 
 

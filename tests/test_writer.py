@@ -221,7 +221,7 @@ def test_written_header_bytes(tmp_path):
 # ---------------------------------------------------------------- info
 def _info(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "tools/mlb.py", "info", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, encoding="utf-8", timeout=60)
 
 
 def test_info_prints_header_and_table(tmp_path):

@@ -132,18 +132,19 @@ def build(name: str, folder: str | Path, seed: int = 0, *, pooling: str | None =
     sd.update(extra or {})
     save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
     tokenizer(name, seed, overrides.get("vocab_size")).save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(name), indent=2))
+    (folder / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(name), indent=2),
+                                                  encoding="utf-8")
     if pooling is not None:
         modules = [
             dict(idx=0, name="0", path="", type="sentence_transformers.models.Transformer"),
             dict(idx=1, name="1", path="1_Pooling", type="sentence_transformers.models.Pooling"),
             dict(idx=2, name="2", path="2_Normalize", type="sentence_transformers.models.Normalize"),
         ]
-        (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+        (folder / "modules.json").write_text(json.dumps(modules, indent=2), encoding="utf-8")
         (folder / "1_Pooling").mkdir(exist_ok=True)
         pcfg = {"word_embedding_dimension": cfg.hidden_size,
                 **{k: k == POOLING_KEYS[pooling] for k in POOLING_KEYS.values()},
                 "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
                 "pooling_mode_weightedmean_tokens": False, "include_prompt": True}
-        (folder / "1_Pooling" / "config.json").write_text(json.dumps(pcfg, indent=2))
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps(pcfg, indent=2), encoding="utf-8")
     return folder

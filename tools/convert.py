@@ -68,7 +68,7 @@ class Checkpoint:
         index = sorted(folder.glob("*.safetensors.index.json"))
         if index:
             try:
-                weight_map = json.loads(index[0].read_text())["weight_map"]
+                weight_map = json.loads(index[0].read_text(encoding="utf-8"))["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ConvertError(f"{index[0]}: not a safetensors index ({e})") from None
             files = sorted({folder / f for f in weight_map.values()})

@@ -166,7 +166,7 @@ def write(out: str | Path = DEFAULT_OUT) -> Path:
     text = render()
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)

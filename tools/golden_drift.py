@@ -58,7 +58,7 @@ def _derive(out: Path) -> None:
     golden_logits.generate(sorted(golden_logits.CASES), out / "logits")
     stats: dict[str, int] = {}
     golden_bitnet.generate(list(golden_bitnet.NAMES), out / "bitnet", GOLDEN_DIR / "bitnet", stats)
-    (out / "pins.json").write_text(json.dumps(stats))
+    (out / "pins.json").write_text(json.dumps(stats), encoding="utf-8")
 
 
 def kind_of(family: str, key: str) -> str:
@@ -123,11 +123,12 @@ def run_profile(name: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="mlconf-drift-") as tmp:
         code = "import sys; from pathlib import Path; from mlconf.tools import golden_drift; " \
                "golden_drift._derive(Path(sys.argv[1]))"
-        r = subprocess.run([sys.executable, "-c", code, tmp], env=env, capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-c", code, tmp], env=env, capture_output=True, text=True,
+                           encoding="utf-8", errors="replace")
         if r.returncode:
             raise RuntimeError(f"profile {name}: the re-derivation failed:\n{r.stderr[-2000:]}")
         result = compare(Path(tmp))
-        result["pins_overridden"] = json.loads((Path(tmp) / "pins.json").read_text())
+        result["pins_overridden"] = json.loads((Path(tmp) / "pins.json").read_text(encoding="utf-8"))
         return result
 
 

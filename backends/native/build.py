@@ -126,7 +126,7 @@ def unicode_tables() -> Path:
         stamp = out.stat().st_mtime
         inputs = (UNICODE_GENERATOR, UNICODE_CLASSES)
         fresh = all(not p.exists() or p.stat().st_mtime <= stamp for p in inputs)
-        with out.open() as f:
+        with out.open(encoding="utf-8") as f:
             same_version = f'#define ML_UC_VERSION "{unicodedata.unidata_version}"' in f.read(600)
         if fresh and same_version:
             return out
@@ -146,7 +146,7 @@ def unicode_tables() -> Path:
 
 
 def _run(cmd: list[str]) -> None:
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace")
     if r.returncode:
         raise BuildError(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
 

@@ -88,7 +88,8 @@ def worker_executable() -> Path:
     from . import build
     exe = executable()
     exe.parent.mkdir(parents=True, exist_ok=True)
-    with open(exe.parent / ".lock", "w") as lock:           # one build at a time, across processes
+    # one build at a time, across processes
+    with open(exe.parent / ".lock", "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             built = exe.stat().st_mtime

@@ -353,7 +353,8 @@ def _sanitizer_preload(lib_path: str, mtime: float) -> str:
     """The ASan runtime a library was linked with (build.py --sanitize), or "". It must come first
     in the process, so the worker preloads it: sanitized builds run under lib:PATH like any other."""
     try:
-        r = subprocess.run(["ldd", lib_path], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(["ldd", lib_path], capture_output=True, text=True, encoding="utf-8",
+                           errors="replace", timeout=30)
     except (OSError, subprocess.SubprocessError):
         return ""
     m = re.search(r"^\s*libasan\.so[.\d]* => (\S+)", r.stdout, flags=re.M)
