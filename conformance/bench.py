@@ -350,6 +350,50 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
 
 
 # ---------------------------------------------------------------- llama.cpp (extra `bench`)
+# llama.cpp's default build (GGML_NATIVE, -march=native) takes every feature cpuid advertises:
+# in these virtual machines that includes AMX, whose tiles the hypervisor does not enable, and the
+# library dies with SIGILL. So it is built with GGML_NATIVE=OFF and explicit ISA options: the
+# /proc/cpuinfo flag (Linux shows only what the OS enabled) -> ggml's CMake option. AMX is off.
+LLAMA_CPP_ISA_OPTIONS = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C",
+                         "bmi2": "GGML_BMI2", "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512",
+                         "avx512vbmi": "GGML_AVX512_VBMI", "avx512_vnni": "GGML_AVX512_VNNI",
+                         "avx512_bf16": "GGML_AVX512_BF16"}
+LLAMA_CPP_OFF = ("GGML_NATIVE", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
+    """The CPU flags Linux reports for the first processor (empty where there is no cpuinfo)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def llama_cpp_cmake_args(flags: set[str] | None = None) -> str:
+    """CMAKE_ARGS for building llama-cpp-python's llama.cpp for this CPU (``flags``: its
+    cpu_flags()): GGML_NATIVE and AMX off, each ISA option on exactly when the CPU has it."""
+    flags = cpu_flags() if flags is None else flags
+    opts = [f"-D{o}=OFF" for o in LLAMA_CPP_OFF]
+    opts += [f"-D{o}={'ON' if f in flags else 'OFF'}" for f, o in LLAMA_CPP_ISA_OPTIONS.items()]
+    return " ".join(opts)
+
+
+def llama_cpp_isa(system_info: str | None = None) -> str:
+    """The CPU features llama.cpp's build uses ("AVX2 FMA F16C ..."), from llama_print_system_info
+    (``system_info`` given: parsed instead)."""
+    if system_info is None:
+        import llama_cpp
+        system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+    cpu = next((part for part in system_info.split("CPU : ")[1:]), "")
+    feats = [kv.split("=")[0].strip() for kv in cpu.split("|") if kv.strip().endswith("= 1")]
+    isa = [f for f in feats if f not in ("LLAMAFILE", "OPENMP", "REPACK", "ACCELERATE", "CPU_HBM")]
+    return " ".join(isa) or "none reported"
+
+
 def llama_cpp_version() -> str | None:
     """llama-cpp-python's version when it and gguf-py import (extra `bench`), else None."""
     try:
@@ -391,8 +435,8 @@ def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, t
             td = min(td, time.perf_counter() - t)
     finally:
         llm.close()
-    return {"backend": "llama.cpp", "version": llama_cpp_version(), "threads": threads,
-            f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td}
+    return {"backend": "llama.cpp", "version": llama_cpp_version(), "isa": llama_cpp_isa(),
+            "threads": threads, f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td}
 
 
 def llama_cpp_logits(gguf_path: str | Path, tokens, threads: int = 2) -> np.ndarray:
@@ -429,8 +473,8 @@ def native_report(out: str | Path | None = None) -> str:
             r["decode_vs_llama.cpp"] = r["decode_tok_s"] / ref["decode_tok_s"]
             r["prefill_vs_llama.cpp"] = r["prefill64_tok_s"] / ref["prefill64_tok_s"]
         note = (f"llama.cpp is measured in this run (llama-cpp-python {version}, its own llama.cpp "
-                "build, 2 threads) on the same weights: each .mlb exported to GGUF by "
-                "tools/gguf_export.py (the same Q8_0 / Q4_0 blocks, f16 scales). llama.cpp: one "
+                f"built with {llama_cpp_isa()}, 2 threads) on the same weights: each .mlb exported to "
+                "GGUF by tools/gguf_export.py (the same Q8_0 / Q4_0 blocks, f16 scales). llama.cpp: one "
                 "single-token warm-up eval, then the best of 3 runs, logits of the prompt's last "
                 "position only. `native`: one run through the worker process, every position's "
                 "logits; `native in-process, last logits`: the runtime called in this process with "

@@ -487,6 +487,9 @@ def cmd_convert(args) -> int:
 def cmd_bench(args) -> int:
     from mlconf import bench
     from mlconf.golden import GOLDEN_DIR
+    if args.what == "llama-cmake-args":
+        print(bench.llama_cpp_cmake_args())
+        return 0
     if args.what in ("all", "quant"):
         print(bench.format_table(bench.quant_bench(rows=args.rows, cols=args.cols)))
     if args.what in ("native", "bitnet"):
@@ -649,10 +652,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
     p.add_argument("what", nargs="?", default="all",
-                   choices=["all", "quant", "forward", "tokenizer", "native", "bitnet"],
+                   choices=["all", "quant", "forward", "tokenizer", "native", "bitnet", "llama-cmake-args"],
                    help="native: the C runtime's kernels, matvecs and model speed (writes REPORT/bench.md); "
                    "bitnet: I2_S matvec against native Q8_0/Q4_0 and embeddings/s of a Qwen3-0.6B-shaped "
-                   "model (writes REPORT/bench-bitnet.md)")
+                   "model (writes REPORT/bench-bitnet.md); llama-cmake-args: the CMAKE_ARGS that build "
+                   "llama-cpp-python (extra `bench`) for this CPU: GGML_NATIVE and AMX off, its ISA explicit")
     p.add_argument("--report", default="reports", help="folder of bench.md (default: %(default)s)")
     p.add_argument("--rows", type=int, default=4096, help="quantizer matrix rows")
     p.add_argument("--cols", type=int, default=4096, help="quantizer matrix columns")
