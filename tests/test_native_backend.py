@@ -53,7 +53,7 @@ def _isolation_case(name: str) -> Case:
 
 def test_crash_and_hang_become_outcomes_and_the_run_goes_on(libs, tmp_path):
     b = get(f"lib:{libs['crash']}")
-    b.timeout = 2
+    b.timeout = 10   # the hang waits this out; the other cases must finish within it on a loaded machine
     loader = cases.collect(["loader", "header"], "format.magic or io.open or format.version or q8_min")
     sel = [loader[0], _isolation_case("crash"), *loader[1:4], _isolation_case("hang"), *loader[4:]]
     work = runner.Workdir(tmp_path / "work")
@@ -66,7 +66,7 @@ def test_crash_and_hang_become_outcomes_and_the_run_goes_on(libs, tmp_path):
     assert crash.outcome == "crash", crash
     assert crash.detail.startswith("worker killed by SIGSEGV during load(") and "crash.mlb" in crash.detail
     hang = by.pop("loader/isolation/hang")
-    assert hang.outcome == "timeout" and "after 2 s during load(" in hang.detail, hang
+    assert hang.outcome == "timeout" and "after 10 s during load(" in hang.detail, hang
     # crash.c checks the magic only: the magic, missing-file and valid cases pass, a bad version fails.
     assert len(by) == len(loader) and {r.outcome for r in by.values()} == {"pass", "fail"}
     for r in by.values():

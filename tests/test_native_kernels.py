@@ -188,13 +188,15 @@ def test_mlrt_isa_sets_the_first_choice_of_both_libraries(kern, value, tmp_path)
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed (apt-get install clang)")
 def test_clang_builds_both_libraries_with_the_same_kernels(kern, tmp_path, monkeypatch):
-    """CC=clang (the README's other compiler) compiles every source with -Werror, and its
-    library's kernels give gcc's bytes on every ISA runnable here."""
+    """CC=clang (the README's other compiler) compiles every source with -Werror (both libraries
+    and the static worker executable), and its library's kernels give gcc's bytes on every ISA
+    runnable here."""
     cffi = pytest.importorskip("cffi")
     build = _load_build_module()
     monkeypatch.setenv("CC", "clang")
     so = build.build(tmp_path / "libmlrt_clang.so")
     build.build(tmp_path / "libmlbitnet_clang.so", lib="mlbitnet")
+    build.build_worker(tmp_path / "mlrt-worker", machine=MACHINE, cc="clang")
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
     clang = Kernels(ffi, ffi.dlopen(str(so)))

@@ -208,6 +208,7 @@ def test_hang_times_out_and_the_next_call_restarts(misbehave, tmp_path):
     assert time.monotonic() - t0 < 5
     assert r.outcome == "timeout"
     assert "no reply within 0.5 s during quantize_q8_0" in r.detail and "killed" in r.detail
+    misbehave.timeout = 60   # a legit call on a loaded machine may take longer than 0.5 s
     assert runner.run_case(q8_case(0.5), misbehave, work).outcome == "pass"
     assert misbehave.epoch == 2
 
