@@ -144,8 +144,9 @@ def _bitlinear_class():
             a = 127.0 / x.abs().amax(-1, keepdim=True).clamp(min=1e-5)
             t = (x * a).double()   # |t| + 0.5 exact in float64: C round() without a float32 double rounding
             xq = self.pins.round(t).clamp(-128, 127).float()
-            # the weights are on a power-of-two grid (hf_models.exact_parameters): their float32
-            # sum is exact in any order, so sw is the same bits on every host
+            # the goldens' weights are on the grid 2^-11 (hf_models.exact_parameters) and sum to
+            # fewer than 2^24 grid steps: their float32 sum is exact in any order, so sw is the
+            # same bits on every host
             sw = 1.0 / w.abs().mean().clamp(min=1e-5)
             wq = torch.round(w * sw).clamp(-1, 1)
             return (xq @ wq.T) / a / sw
