@@ -117,7 +117,8 @@ def test_i2s_one_row_float16_and_zero_rows(bitnet):
     assert bitnet.i2s_matmul(bitnet.i2s_quantize(w16), (1, 256), x).shape == (1,)
     z = np.zeros((4, 128), dtype=np.float32)
     p = bitnet.i2s_quantize(z)
-    assert p[:128] == b"\x55" * 128 and p[128:] == bytes(32)          # all code 1, d = 0
+    assert p[:128] == b"\x55" * 128                                    # all code 1
+    assert p[128:] == np.float32(1e-5).tobytes() + bytes(28)             # d = the mean's floor
     assert not bitnet.i2s_matmul(p, (4, 128), z[:2]).any()
 
 

@@ -37,6 +37,8 @@ from hypothesis.extra import numpy as hnp
 
 from mlconf import specs
 from mlconf.backends.reference import i2s
+from mlconf.golden import GOLDEN_DIR
+from mlconf.tools import golden
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "backends" / "native"
@@ -347,31 +349,46 @@ def weight_tensors(seed: int) -> list[np.ndarray]:
         k[0] = n - np.abs(k).sum()                                                # positive: |k| avg < 1
         out.append(np.ldexp(k, e).astype(F32).reshape(8, 128))
     out.append(np.full((2, 128), F32_MAX / 2**20, F32))
-    out.append(np.full((1, 128), float.fromhex("0x1p-149"), F32))                # m floored: q = 0, d = 0
+    out.append(np.full((1, 128), float.fromhex("0x1p-149"), F32))                # m floored: q = 0, d = float32(1e-5)
     out.append(summation_order_tensor())
     return out
 
 
 def summation_order_tensor() -> np.ndarray:
-    """(8, 128) weights whose float32 mean depends on the float64 summation order: eight values of
-    2^7 (one of them + 2^-14) make the exact mean 1 + 2^-24, the midpoint between two floats; the
-    other 1016 values are 2^-48, which a running float64 sum starting at 2^10 absorbs one by one
-    (mean 1 + 2^-24, a tie: rounds to 1.0), but NumPy's pairwise sum adds 128 of them at a time
-    (2^-41, kept): the mean rounds up to 1 + 2^-23. The reference (np.mean) is the second."""
-    w = np.full(1024, 2.0**-48, F32)
-    w[:8] = 2.0**7
-    w[0] = 2.0**7 + 2.0**-14
-    return w.reshape(8, 128)
+    """(3, 8192) weights (seeded float32 bit patterns, 2^-11 .. 1) whose float32 mean tells the
+    three summation orders apart: NumPy 1.26's (pairwise per chunk of 8192, the rule), NumPy 2's
+    (one pairwise pass) and a plain left-to-right float32 loop each round to another float."""
+    bits = np.random.default_rng(2).integers(0x3A000000, 0x3F800000, 3 * 8192, dtype=np.uint32)
+    return bits.view(F32).reshape(3, 8192)
 
 
 def test_summation_order_tensor_discriminates():
-    """The tensor above does tell a plain float64 loop from NumPy's pairwise sum."""
-    w = summation_order_tensor().ravel().astype(np.float64)
-    plain = 0.0
-    for v in w.tolist():
-        plain += v
-    assert F32(plain / w.size) == F32(1.0)
-    assert F32(np.abs(w).mean()) == F32(1 + 2.0**-23)
+    """The tensor above does tell the orders apart, and the reference is NumPy 1.26's order."""
+    a = np.abs(summation_order_tensor().ravel())
+    numpy2 = F32(np.float64(F32(0) + i2s.pairwise_sum(a)) / a.size)
+    plain = F32(0)
+    for v in a:
+        plain = F32(plain + v)
+    plain = F32(np.float64(plain) / a.size)
+    chunks = F32(0)
+    for i in range(0, a.size, 8192):
+        chunks = F32(chunks + i2s.pairwise_sum(a[i:i + 8192]))
+    chunks = F32(np.float64(chunks) / a.size)
+    assert len({float(numpy2), float(plain), float(chunks)}) == 3
+    assert i2s.abs_mean(a) == chunks
+
+
+def test_quantize_scale_is_numpy_1_26_s_mean(lib, using):
+    """ml_i2s_quantize's stored scale on the 55 tensors of golden/i2s_mean_numpy126.npz (one row
+    each) is NumPy 1.26.4's own np.mean(np.abs(w)), bit for bit."""
+    g = np.load(GOLDEN_DIR / "i2s_mean_numpy126.npz")
+    bad = []
+    for i, w in enumerate(golden.i2s_mean_inputs()):
+        rc, data = lib.quantize(w.reshape(1, -1))
+        assert rc == ML_OK
+        if np.frombuffer(data, np.uint32, 1, w.size // 4)[0] != g["mean_bits"][i]:
+            bad.append(f"tensor {i} ({w.size} values)")
+    assert not bad, ", ".join(bad)
 
 
 def test_quantize_spec_cases(lib, using):

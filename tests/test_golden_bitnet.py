@@ -116,12 +116,18 @@ def test_pins_take_the_committed_rounding_near_a_boundary():
     assert replay.round(t.clone()).tolist() == [[3.0, -8.0, 3.0, 2.0]]   # call 1: nothing committed
 
 
-@pytest.mark.oracle
-def test_packing_transcription_agrees_on_a_fresh_tensor():
-    """The transcription itself on a fresh tensor, against the reference (both must agree)."""
-    pytest.importorskip("torch")
+def test_packing_transcription_agrees_on_fresh_tensors():
+    """The converter's transcription on fresh tensors (grid values, and random bit patterns whose
+    mean is inexact, up to its 8192 values), against the reference: both must agree."""
     from mlconf.tools import golden_bitnet
 
-    w = (np.random.default_rng(11).integers(-64, 65, (2, 256)) / 64).astype(np.float32)
-    got = golden_bitnet.quantize_i2_s(golden_bitnet.converter_weight_quant(w))
-    assert got == i2s.payload(w)
+    rng = np.random.default_rng(11)
+    tensors = [(rng.integers(-64, 65, (2, 256)) / 64).astype(np.float32)]
+    for shape in ((1, 128), (5, 384), (8, 1024)):
+        bits = rng.integers(0x30000000, 0x42000000, shape, dtype=np.uint32) | \
+            (rng.integers(0, 2, shape, dtype=np.uint32) << 31)
+        tensors.append(bits.view(np.float32))
+    for w in tensors:
+        assert golden_bitnet.converter_quantize_to_i2_s(w) == i2s.payload(w), w.shape
+    with pytest.raises(ValueError, match="at most 8192"):
+        golden_bitnet.converter_quantize_to_i2_s(np.ones((1, 8320), np.float32))

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from mlconf import specs
 from mlconf.backends.reference import i2s
+from mlconf.golden import GOLDEN_DIR
+from mlconf.tools import golden
 
 SPEC = specs.load("i2s")
 CASES = {c["name"]: c for c in SPEC["edge_cases"]}
@@ -147,11 +149,13 @@ def _torch_bitlinear(x_np: np.ndarray, w_np: np.ndarray) -> tuple[np.ndarray, np
     torch = pytest.importorskip("torch")
     w = torch.from_numpy(w_np)
     x = torch.from_numpy(x_np)
-    # weights: beta = mean |W| (float64 mean, floor 1e-5), W_t = round(W / beta) in {-1, 0, 1}
-    beta = torch.clamp(w.double().abs().mean().float(), min=torch.tensor(1e-5, dtype=torch.float32))
+    # weights as BitNet's converter: beta = np.mean(np.abs(W)) in float32 (NumPy 1 and 2 sum alike
+    # up to 8192 values), floored at 1e-5; W_t = round(W / beta) in {-1, 0, 1}; stored scale beta
+    assert w_np.size <= 8192
+    beta = torch.tensor(max(float(np.mean(np.abs(w_np))), 1e-5), dtype=torch.float32)
     inv = torch.tensor(1.0, dtype=torch.float32) / beta
     wt = torch.clamp(torch.round(w * inv), -1, 1)  # torch.round: half to even
-    scale_w = (torch.tensor(1.0) / inv) if bool(wt.any()) else torch.tensor(0.0)
+    scale_w = beta
     # activations: gamma = max|x| per row (float64, floor 1e-5); Q = 127 / gamma; round half away
     gamma = torch.clamp(x.double().abs().amax(dim=1), min=1e-5)
     qscale = (127.0 / gamma).float()
@@ -202,12 +206,58 @@ def test_refusals() -> None:
 
 
 def test_tiny_tensor_under_floor() -> None:
-    # mean|w| = 2e-6 < 1e-5: s = 1e5, |w * s| = 0.2 -> every q is 0, d = 0, output 0
+    # mean|w| = 2e-6 < 1e-5: d = float32(1e-5), s = 1e5, |w * s| = 0.2 -> every q is 0, output 0
     w = np.full((1, 128), 2e-6, np.float32)
     packed, d = i2s.quantize_tensor(w)
-    assert d == 0.0 and (packed == 0x55).all()
+    assert d == float(np.float32(1e-5)) and (packed == 0x55).all()
     y = i2s.bitlinear(np.ones((1, 128), np.float32), i2s.payload(w), (1, 128))
     assert (y == 0).all()
+
+
+# ---------------------------------------------------------------- the stored scale: NumPy 1.26's mean
+MEAN_GOLDEN = GOLDEN_DIR / "i2s_mean_numpy126.npz"
+
+
+def _numpy2_abs_mean(w: np.ndarray) -> np.float32:
+    """NumPy 2's np.mean(np.abs(w)) of a float32 array, written out: one pairwise pass from 0 over
+    the whole array (no 8192 chunks), then / n."""
+    return np.float32(np.float64(np.float32(0) + i2s.pairwise_sum(np.abs(w.reshape(-1)))) / w.size)
+
+
+def test_abs_mean_is_numpy_1_26_s():
+    """The reference's mean (the stored scale) against NumPy 1.26.4's own np.mean on 55 seeded
+    tensors of 128 .. 1M values (golden/i2s_mean_numpy126.npz): every bit."""
+    g = np.load(MEAN_GOLDEN)
+    ws = golden.i2s_mean_inputs()
+    assert [w.size for w in ws] == g["sizes"].tolist()
+    got = np.array([i2s.abs_mean(w) for w in ws], dtype=np.float32).view(np.uint32)
+    bad = np.flatnonzero(got != g["mean_bits"])
+    assert bad.size == 0, f"tensors {bad.tolist()} (sizes {g['sizes'][bad].tolist()}) differ from NumPy 1.26"
+    # and the scale the reference stores is that mean
+    assert i2s.ternarize(ws[3].reshape(8, 128))[1] == float(g["mean_bits"][3:4].view(np.float32)[0])
+
+
+def test_installed_numpy_sums_as_this_file_says():
+    """Why the pinned NumPy matters: NumPy 1.26 reduces in chunks of 8192 (the reference's rule),
+    NumPy 2 in one pairwise pass; they agree up to 8192 values and not always above."""
+    ws = golden.i2s_mean_inputs()
+    ours = np.array([i2s.abs_mean(w) for w in ws])
+    theirs = np.array([np.mean(np.abs(w)) for w in ws])
+    small = np.array([w.size <= i2s.NUMPY_BUFSIZE for w in ws])
+    assert (ours[small] == theirs[small]).all()
+    if np.__version__.startswith("1."):
+        assert (ours == theirs).all()
+    else:
+        assert all(_numpy2_abs_mean(w) == t for w, t in zip(ws, theirs, strict=True))
+        assert (ours[~small] != theirs[~small]).any(), "NumPy 2 now sums large tensors like NumPy 1.26"
+
+
+@pytest.mark.oracle
+def test_mean_golden_rederives_under_numpy_1_26(tmp_path):
+    if not np.__version__.startswith("1.26."):
+        pytest.skip(f"the golden is NumPy 1.26.4's (bitnet.cpp's pin); installed NumPy {np.__version__}")
+    path = golden.generate("i2s_mean", tmp_path)
+    assert golden.sha256(path) == golden.sha256(MEAN_GOLDEN)
 
 
 def test_float16_input_widened_exactly() -> None:

@@ -1,6 +1,8 @@
 """Goldens derived from independent oracles, never from the code they check (DESIGN.md).
 
     python tools/golden.py q4_0_round     golden/q4_0_round_gguf.npz from gguf-py's Q4_0
+    python tools/golden.py i2s_mean       golden/i2s_mean_numpy126.npz from NumPy 1.26's np.mean
+                                          (run it in an environment with numpy==1.26.4)
 
 Each run rewrites the golden file and its line in golden/MANIFEST (sha256, path, oracle, oracle
 version, command). Importable as mlconf.tools.golden; it imports neither the harness nor the
@@ -12,6 +14,13 @@ q4_0_round_gguf.npz holds, per block of 32 (N blocks):
   qs    uint8   (N, 16)   the nibbles: byte j = element j (low) | element j + 16 (high)
   kind  uint8   (N,)      index into `kinds`, the family each block was drawn from
   kinds str     (K,)
+
+i2s_mean_numpy126.npz holds, per test tensor i (its values are i2s_mean_inputs(), rebuilt from
+the seed: random float32 bit patterns, exact on every host):
+  sizes      int64   (T,)   element counts (multiples of 128, as every I2_S tensor)
+  mean_bits  uint32  (T,)   the bits of np.float32(np.mean(np.abs(w))) under NumPy 1.26.4: the
+                            stored I2_S scale of BitNet's embedding converter, whose requirements
+                            pin numpy~=1.26.4 (NumPy 2 sums differently above 8192 values)
 """
 
 from __future__ import annotations
@@ -146,6 +155,36 @@ def derive_q4_0_round() -> dict[str, np.ndarray]:
     return {"x": x, "d": d, "qs": qs, "kind": kind, "kinds": np.array(kinds)}
 
 
+# ---------------------------------------------------------------- the I2_S mean (NumPy 1.26)
+I2S_MEAN_SEED = 20261201
+# element counts: around the chunk (8192) and pairwise-leaf (128) boundaries, and real shapes
+I2S_MEAN_SIZES = [128, 256, 384, 1024, 8064, 8192, 8320, 16384, 16512, 24576, 40960, 49152,
+                  128 * 1024, 640 * 640, 1024 * 1024]
+
+
+def i2s_mean_inputs(seed: int = I2S_MEAN_SEED) -> list[np.ndarray]:
+    """float32 tensors from random bit patterns (exact on every host, and sums that are not):
+    the fixed sizes, then 40 random multiples of 128 up to 102400. Even tensors spread over
+    2^-31 .. 32, odd ones over 2^-11 .. 1 like weights; random signs."""
+    rng = np.random.default_rng(seed)
+    sizes = I2S_MEAN_SIZES + [int(k) * 128 for k in rng.integers(1, 801, 40)]
+    out = []
+    for i, n in enumerate(sizes):
+        lo, hi = (0x30000000, 0x42000000) if i % 2 == 0 else (0x3A000000, 0x3F800000)
+        bits = rng.integers(lo, hi, n, dtype=np.uint32) | (rng.integers(0, 2, n, dtype=np.uint32) << 31)
+        out.append(bits.view(np.float32))
+    return out
+
+
+def derive_i2s_mean() -> dict[str, np.ndarray]:
+    if not np.__version__.startswith("1.26."):
+        raise RuntimeError(f"i2s_mean is NumPy 1.26's np.mean (bitnet.cpp's pin); this is NumPy "
+                           f"{np.__version__}: run it under pip install numpy==1.26.4")
+    ws = i2s_mean_inputs()
+    means = np.array([np.float32(np.mean(np.abs(w))) for w in ws], dtype=np.float32)
+    return {"sizes": np.array([w.size for w in ws], dtype=np.int64), "mean_bits": means.view(np.uint32)}
+
+
 # ---------------------------------------------------------------- files
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """A deterministic .npz (fixed zip timestamps, so the same arrays give the same sha256),
@@ -229,9 +268,14 @@ def cases_main(argv: list[str] | None, doc: str, cases, default_dir: Path, gener
     return 0
 
 
+# Oracles run in an upstream system's pinned environment, which the `oracle` extra does not
+# install (distribution -> the version the golden needs): such goldens re-derive only there.
+PINNED_ORACLES = {"numpy": "1.26.4"}   # bitnet.cpp's converter: llama.cpp's numpy~=1.26.4
+
 GOLDENS: dict[str, tuple[str, str, Callable[[], dict[str, np.ndarray]]]] = {
     # name: (file in golden/, oracle distribution, derive)
     "q4_0_round": ("q4_0_round_gguf.npz", "gguf", derive_q4_0_round),
+    "i2s_mean": ("i2s_mean_numpy126.npz", "numpy", derive_i2s_mean),
 }
 
 
@@ -254,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         path = generate(args.name, args.out)
     except ImportError as e:
         print(f"golden.py: the oracle is not installed ({e}); pip install 'mlconf[oracle]'", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"golden.py: {e}", file=sys.stderr)
         return 2
     print(f"{path}: {path.stat().st_size} bytes, sha256 {sha256(path)}")
     return 0

@@ -20,9 +20,9 @@ from seed 004 (RMSNorm(x, <proj>.norm.weight) -> per-row int8 activations, half 
 
 Packing case (i2s_edge): golden/bitnet/i2s_edge.npz holds, per tensor NAME, ``w_NAME`` (float32
 (rows, cols)) and ``payload_NAME`` (uint8, rows * cols / 4 + 32): the I2_S bytes of an
-independent transcription of BitNet's converter (weight_quant, in torch) followed by bitnet.cpp's
-quantize_i2_s x86 loop (plain Python, its loop order), for the ternarize edge cases of
-specs/i2s.yaml and three seeded random tensors. ``names`` lists the tensor names.
+independent transcription of BitNet's embedding converter (quantize_to_i2_s, plain Python, its
+loop order), for the ternarize edge cases of specs/i2s.yaml and three seeded random tensors.
+``names`` lists the tensor names.
 
 Nothing here imports backends/ or the harness; torch, transformers and gguf are imported inside
 the functions (the ``oracle`` extra). Re-derived and compared by tests/test_golden_bitnet.py
@@ -278,73 +278,56 @@ def _replace(src: Path, dst: Path) -> None:
 
 
 # ---------------------------------------------------------------- the packing oracle
-def converter_weight_quant(w: np.ndarray) -> np.ndarray:
-    """BitNet's converter (weight_quant) in torch: s = 1 / mean|w| (clamp 1e-5), q = round(w * s)
-    clamped to [-1, 1], returned fake-quantized as q / s in float32. The mean is taken as
-    specs/i2s.yaml states it (float64 sum, one rounding to float32); the seeded tensors below are
-    ones where torch's float32 mean gives the same value (checked in edge_tensors)."""
-    import torch
-
-    t = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
-    m = torch.tensor(float(t.double().abs().mean()), dtype=torch.float32).clamp(min=1e-5)
-    s = 1.0 / m
-    return (torch.round(t * s).clamp(-1, 1) / s).numpy()
+UPSTREAM_SAME_SUM = 8192   # NumPy 1 (bitnet.cpp's pin) and NumPy 2 sum alike up to this many values
 
 
-def quantize_i2_s(src: np.ndarray) -> bytes:
-    """bitnet.cpp's quantize_i2_s (src/ggml-bitnet-mad.cpp, x86 branch, QK_I2_S = 128), one line
-    of C per line here: the scale is max |src| in double, each element's code is 1 when
-    |src| < 1e-6, else 2 when src * scale > 0, else 0; codes are OR-ed into 32-byte blocks,
-    element j of a block at byte j % 32, shift 6 - 2 * (j / 32); the float scale follows the
-    n / 4 packed bytes, then padding to 32 bytes."""
-    flat = [float(v) for v in np.asarray(src, dtype=np.float32).reshape(-1)]
-    n = len(flat)
-    qk = 128
-    mx = 0.0
-    for v in flat:
-        mx = max(mx, abs(v))
-    i2_scale = mx
-    q8 = [0] * n
-    for i in range(n):
-        if abs(flat[i]) < 1e-6:
-            q8[i] = 1
-            continue
-        q8[i] = 2 if flat[i] * i2_scale > 0 else 0
-    dst = bytearray(n // 4)
-    for i in range(n // qk):
-        for j in range(qk):
-            group_idx = j // 32
-            group_pos = j % 32
-            temp = (q8[i * qk + j] << (6 - 2 * group_idx)) & 0xFF
-            dst[i * 32 + group_pos] |= temp
-    return bytes(dst) + struct.pack("<f", i2_scale) + bytes(28)
+def converter_quantize_to_i2_s(w: np.ndarray) -> bytes:
+    """BitNet's embedding converter (utils/convert-bitnet-embedding-to-gguf.py, quantize_to_i2_s),
+    step by step in plain Python: abs_mean = np.mean(np.abs(w)) of the float32 tensor, floored at
+    1e-5; q = np.round(w * (1 / abs_mean)) clipped to [-1, 1] (half to even); code -1 -> 0,
+    0 -> 1, +1 -> 2; byte j of each 128-value block = c[j] << 6 | c[j+32] << 4 | c[j+64] << 2 |
+    c[j+96]; then np.float32(abs_mean) and 28 zero bytes. Up to 8192 values only: there np.mean
+    gives upstream's own bits under any NumPy (above, NumPy 1.26 and 2 sum differently)."""
+    flat = np.asarray(w, dtype=np.float32).reshape(-1)
+    if flat.size > UPSTREAM_SAME_SUM or flat.size % 128:
+        raise ValueError(f"{flat.size} values: the transcription takes whole blocks, at most {UPSTREAM_SAME_SUM}")
+    abs_mean = np.mean(np.abs(flat))
+    abs_mean = max(abs_mean, 1e-5)
+    inv_scale = 1.0 / abs_mean
+    q_float = np.round(flat * np.float32(inv_scale)).clip(-1, 1)
+    codes = [2 if v > 0.5 else 0 if v < -0.5 else 1 for v in q_float.tolist()]
+    out = bytearray()
+    for b in range(flat.size // 128):
+        c = codes[b * 128:(b + 1) * 128]
+        for j in range(32):
+            out.append((c[j] << 6) | (c[j + 32] << 4) | (c[j + 64] << 2) | c[j + 96])
+    return bytes(out) + struct.pack("<f", np.float32(abs_mean)) + bytes(28)
 
 
 def edge_tensors() -> dict[str, np.ndarray]:
-    """The ternarize edge cases of specs/i2s.yaml (one 128-value row each) and seeded random ones."""
-    import torch
-
+    """The ternarize edge cases of specs/i2s.yaml (one 128-value row each) and seeded random ones:
+    on a grid of 2^-12 (sums of four seeded uniform integers, std ~0.05), and one of random
+    float32 bit patterns (2^-11 .. 1) whose mean is not exact, 8192 values (the most the
+    transcription takes). Integers only: the same bits on every host."""
     from mlconf import specs
 
+    num = lambda v: float.fromhex(v) if isinstance(v, str) else float(v)  # noqa: E731
     out: dict[str, np.ndarray] = {}
     for case in specs.load("i2s")["edge_cases"]:
         if case["op"] != "ternarize":
             continue
         spec = case["w"]
-        w = np.full((1, 128), float(spec["fill"]), dtype=np.float32)
+        w = np.full((1, 128), num(spec["fill"]), dtype=np.float32)
         for k, v in spec.get("at", {}).items():
-            w[0, int(k)] = float.fromhex(v) if isinstance(v, str) else float(v)
+            w[0, int(k)] = num(v)
         out[case["name"]] = w
     for name, (rows, cols, seed) in RANDOM_TENSORS.items():
-        # on a grid of 2^-12 (|w| < 1): every partial sum is exact in float32, so torch's float32
-        # mean (BitNet's converter) and the spec's float64 mean agree whatever the summation order
-        # (a sum of four seeded uniform integers, std ~0.05: integers only, exact on every host)
         k = np.random.default_rng(SEED + seed).integers(-180, 181, (4, rows, cols)).sum(axis=0)
-        w = np.ldexp(k, -12).astype(np.float32)
-        t = torch.from_numpy(w)
-        if float(t.abs().mean()) != float(np.float32(np.abs(w.astype(np.float64)).mean())):
-            raise RuntimeError(f"{name}: torch's float32 mean differs from the spec's; pick another seed")
-        out[name] = w
+        out[name] = np.ldexp(k, -12).astype(np.float32)
+    rng = np.random.default_rng(SEED + 4)
+    bits = rng.integers(0x3A000000, 0x3F800000, (8, 1024), dtype=np.uint32) | \
+        (rng.integers(0, 2, (8, 1024), dtype=np.uint32) << 31)
+    out["random_bits_8x1024"] = bits.view(np.float32)
     return out
 
 
@@ -354,7 +337,7 @@ def derive_edge(out_dir: Path) -> Path:
     arrays: dict[str, np.ndarray] = {"names": np.array(list(tensors))}
     for name, w in tensors.items():
         arrays[f"w_{name}"] = w
-        arrays[f"payload_{name}"] = np.frombuffer(quantize_i2_s(converter_weight_quant(w)), dtype=np.uint8)
+        arrays[f"payload_{name}"] = np.frombuffer(converter_quantize_to_i2_s(w), dtype=np.uint8)
     path = out_dir / f"{EDGE}.npz"
     golden.write_npz(path, arrays)
     return path
@@ -364,8 +347,8 @@ def derive_edge(out_dir: Path) -> Path:
 def oracle_version(name: str) -> tuple[str, str]:
     """(oracle distribution, version[+package-version...]) of a case's MANIFEST rows."""
     v = lambda p: metadata.version(p).split("+")[0]  # noqa: E731
-    if name == EDGE:
-        return "torch", v("torch")
+    if name == EDGE:   # the converter's transcription: NumPy only (its sums agree in NumPy 1 and 2)
+        return "numpy", v("numpy")
     return "transformers", (f"{v('transformers')}+torch-{v('torch')}+tokenizers-{v('tokenizers')}"
                             f"+gguf-{v('gguf')}")
 

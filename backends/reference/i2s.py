@@ -13,8 +13,12 @@ F32 = np.float32
 BLOCK = 128  # values per block (x86 layout of bitnet.cpp)
 BLOCK_BYTES = 32  # packed bytes per block
 TAIL = 32  # bytes after the packed data: f32 scale + 28 zero bytes
-MEAN_FLOOR = F32(1e-5)  # floor of mean|w| (BitNet weight_quant clamp(min=1e-5))
+MEAN_FLOOR = 1e-5  # floor of mean|w|, compared as float64 (BitNet's converter: max(mean, 1e-5))
 ACT_FLOOR = 1e-5  # floor of max|x| per row, float64 (quantize_row_i8_s)
+# NumPy's pairwise summation (spec `ternarize`, mean): leaves of up to 128 values, and NumPy 1.26
+# (bitnet.cpp's pinned version) reduces a contiguous array in chunks of its buffer size.
+PAIRWISE_LEAF = 128
+NUMPY_BUFSIZE = 8192
 
 
 class I2SError(ValueError):
@@ -37,13 +41,71 @@ def _weights(w: np.ndarray) -> np.ndarray:
     return w
 
 
+def pairwise_sum(a: np.ndarray) -> np.float32:
+    """NumPy's float32 pairwise_sum of a 1-D float32 array (numpy/_core/src/umath/loops_utils.h):
+    below 8 values a plain loop from 0; up to 128, eight accumulators combined as ((r0 + r1) +
+    (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the rest one by one; above, the two halves split
+    at a multiple of 8. Every addition is one float32 rounding."""
+    n = a.size
+    if n < 8:
+        s = F32(0)
+        for v in a:
+            s = F32(s + v)
+        return s
+    if n <= PAIRWISE_LEAF:
+        m = n - n % 8
+        r = a[:m].reshape(-1, 8)
+        acc = r[0].copy()
+        for row in r[1:]:
+            acc = (acc + row).astype(F32)
+        s = F32(F32(F32(acc[0] + acc[1]) + F32(acc[2] + acc[3])) + F32(F32(acc[4] + acc[5]) + F32(acc[6] + acc[7])))
+        for v in a[m:]:
+            s = F32(s + v)
+        return s
+    n2 = n // 2
+    n2 -= n2 % 8
+    return F32(pairwise_sum(a[:n2]) + pairwise_sum(a[n2:]))
+
+
+def _pairwise_chunks(a: np.ndarray) -> np.ndarray:
+    """pairwise_sum of every row of a (k, 8192) float32 array at once. 8192 halves down to 64
+    leaves of 128 (each a multiple of 8), so the tree is perfect: the leaves' eight-accumulator
+    sums, then adjacent pairs level by level, the same float32 additions in the same order."""
+    leaves = a.reshape(a.shape[0], -1, PAIRWISE_LEAF // 8, 8)           # (k, 64, 16, 8)
+    acc = leaves[:, :, 0]
+    for i in range(1, leaves.shape[2]):
+        acc = (acc + leaves[:, :, i]).astype(F32)
+    s = ((acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])) + \
+        ((acc[..., 4] + acc[..., 5]) + (acc[..., 6] + acc[..., 7]))      # (k, 64), float32 throughout
+    while s.shape[1] > 1:
+        s = (s[:, 0::2] + s[:, 1::2]).astype(F32)
+    return s[:, 0]
+
+
+def abs_mean(w: np.ndarray) -> np.float32:
+    """float32 mean of |w| exactly as NumPy 1.26 computes np.mean(np.abs(w)) on a float32 array
+    (spec `ternarize`): from 0, one pairwise_sum per chunk of 8192 values in row-major order,
+    added in float32; then the sum divided by n, rounded once to float32 (through float64, which
+    for a division gives the correctly rounded float32)."""
+    a = np.abs(np.ascontiguousarray(w, dtype=F32).reshape(-1))
+    full = a.size // NUMPY_BUFSIZE
+    parts = list(_pairwise_chunks(a[: full * NUMPY_BUFSIZE].reshape(full, NUMPY_BUFSIZE))) if full else []
+    if a.size % NUMPY_BUFSIZE:
+        parts.append(pairwise_sum(a[full * NUMPY_BUFSIZE:]))
+    s = F32(0)
+    for p in parts:
+        s = F32(s + p)
+    return F32(np.float64(s) / a.size)
+
+
 def ternarize(w: np.ndarray) -> tuple[np.ndarray, float]:
-    """(q int8 in {-1,0,1} of w's 2-D shape, stored f32 scale d); spec `ternarize`."""
+    """(q int8 in {-1,0,1} of w's 2-D shape, stored f32 scale d); spec `ternarize`: the rule of
+    BitNet's embedding converter (quantize_to_i2_s) under its pinned NumPy 1.26."""
     w = _weights(w)
-    mean = F32(np.abs(w.astype(np.float64)).mean())  # exact-ish float64 mean, one rounding to f32
-    s = F32(1) / max(mean, MEAN_FLOOR)
-    q = np.clip(np.rint(w * s), -1, 1).astype(np.int8)  # rint: half to even, as torch.round
-    d = F32(1) / s if q.any() else F32(0)
+    m = abs_mean(w)
+    d = m if float(m) >= MEAN_FLOOR else F32(MEAN_FLOOR)   # the stored scale: the (floored) mean
+    s = F32(F32(1) / d)
+    q = np.clip(np.rint(w * s), -1, 1).astype(np.int8)  # rint: half to even, as np.round
     return q, float(d)
 
 

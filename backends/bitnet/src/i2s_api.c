@@ -1,17 +1,17 @@
 /* i2s_api.c: the I2_S group of the ABI (backends/native/include/mlrt.h; rules: specs/i2s.yaml,
  * reference: backends/reference/i2s.py). Every result is bit-identical to the reference.
  *
- * ml_i2s_quantize (spec `ternarize`, `layout`, `payload`): the mean of |w| is a float64 sum over
- * the whole tensor divided by rows * cols, then rounded to float. The sum is NumPy's pairwise
- * summation (numpy/_core/src/umath/loops_utils.h pairwise_sum: below 8 values a plain loop,
- * up to 128 eight accumulators combined as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
- * then the leftovers, above that the halves split at a multiple of 8), because the reference's
- * np.abs(w.astype(float64)).mean() reduces a contiguous array in one inner loop: a plain
- * left-to-right double loop differs from it in the last bit of the double for most tensors, and
- * that bit changes the float mean whenever the sum is near a float rounding boundary. Then:
- * m = max(m, 1e-5f); s = 1.0f / m; q = clamp(nearbyintf(w * s), -1, 1) (half to even in the
- * default rounding mode); d = 1.0f / s if any q != 0, else 0. Packed row-major in blocks of 128,
- * then the f32 scale (little endian: x86-64 and aarch64) and 28 zero bytes.
+ * ml_i2s_quantize (spec `ternarize`, `layout`, `payload`): the stored scale is the float32 mean
+ * of |w| exactly as BitNet's embedding converter gets it from NumPy 1.26 (np.mean on the float32
+ * tensor, decision i2s.mean_precision): from 0, one float32 pairwise sum per chunk of 8192 values
+ * (numpy/_core/src/umath/loops_utils.h pairwise_sum: below 8 values a plain loop, up to 128
+ * eight accumulators combined as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)) then the
+ * leftovers, above that the halves split at a multiple of 8), the sum divided by n and rounded
+ * once (through double, which for a division is the correctly rounded float). Any other order
+ * changes the last bit of the mean for most large tensors. Then d = m, or 1e-5f when m < 1e-5
+ * (in double); s = 1.0f / d; q = clamp(nearbyintf(w * s), -1, 1) (half to even in the default
+ * rounding mode). Packed row-major in blocks of 128, then d (little endian: x86-64 and aarch64)
+ * and 28 zero bytes.
  *
  * ml_i2s_quantize_act: the current table's quantize_act per row. ml_i2s_matmul: per-row int8
  * activations, the current table's integer dots (dot4: four tokens per weight row; dot_rows4: four
@@ -32,27 +32,36 @@
 #include "bitnet.h"
 
 #define I2S_MAX_COLS (1u << 22)
+#define NUMPY_BUFSIZE 8192 /* NumPy 1.26's reduction chunk (its buffer size in elements) */
 
-/* NumPy's pairwise_sum of |w[0..n)| as float64 (see the file comment). */
-static double pairwise_abs_sum(const float *w, size_t n) {
+/* NumPy's float32 pairwise_sum of |w[0..n)| (see the file comment). */
+static float pairwise_abs_sum(const float *w, size_t n) {
     if (n < 8) {
-        double res = 0.0;
-        for (size_t i = 0; i < n; i++) res += fabs((double)w[i]);
+        float res = 0.0f;
+        for (size_t i = 0; i < n; i++) res += fabsf(w[i]);
         return res;
     }
     if (n <= 128) {
-        double r[8];
-        for (int j = 0; j < 8; j++) r[j] = fabs((double)w[j]);
+        float r[8];
+        for (int j = 0; j < 8; j++) r[j] = fabsf(w[j]);
         size_t i;
         for (i = 8; i < n - (n % 8); i += 8)
-            for (int j = 0; j < 8; j++) r[j] += fabs((double)w[i + j]);
-        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-        for (; i < n; i++) res += fabs((double)w[i]);
+            for (int j = 0; j < 8; j++) r[j] += fabsf(w[i + j]);
+        float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += fabsf(w[i]);
         return res;
     }
     size_t n2 = n / 2;
     n2 -= n2 % 8;
     return pairwise_abs_sum(w, n2) + pairwise_abs_sum(w + n2, n - n2);
+}
+
+/* NumPy 1.26's np.mean(np.abs(w)) of a float32 array of n values. */
+static float numpy_abs_mean(const float *w, size_t n) {
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i += NUMPY_BUFSIZE)
+        s += pairwise_abs_sum(w + i, n - i < NUMPY_BUFSIZE ? n - i : NUMPY_BUFSIZE);
+    return (float)((double)s / (double)n);
 }
 
 static int all_finite(const float *x, size_t n) {
@@ -72,23 +81,20 @@ static int shape_ok(size_t rows, size_t cols, size_t *n) {
 ML_API int ml_i2s_quantize(const float *w, size_t rows, size_t cols, uint8_t *payload) {
     size_t n;
     if (w == NULL || payload == NULL || !shape_ok(rows, cols, &n) || !all_finite(w, n)) return ML_E_ARG;
-    float m = (float)(pairwise_abs_sum(w, n) / (double)n);
-    if (1e-5f > m) m = 1e-5f;
-    const float s = 1.0f / m;
-    int any = 0;
+    const float m = numpy_abs_mean(w, n);
+    const float d = (double)m < 1e-5 ? 1e-5f : m;
+    const float s = 1.0f / d;
     uint8_t *p = payload;
     for (size_t b = 0; b < n / I2S_BLOCK; b++, w += I2S_BLOCK, p += I2S_BLOCK_BYTES) {
         uint8_t c[I2S_BLOCK];
         for (int k = 0; k < I2S_BLOCK; k++) {
             float q = nearbyintf(w[k] * s);
             q = q > 1.0f ? 1.0f : q < -1.0f ? -1.0f : q;
-            any |= q != 0.0f;
             c[k] = (uint8_t)((int)q + 1);
         }
         for (int j = 0; j < 32; j++)
             p[j] = (uint8_t)(c[j] << 6 | c[j + 32] << 4 | c[j + 64] << 2 | c[j + 96]);
     }
-    const float d = any ? 1.0f / s : 0.0f;
     memcpy(p, &d, sizeof d); /* little endian on every target of this library */
     memset(p + sizeof d, 0, I2S_TAIL - sizeof d);
     return ML_OK;
