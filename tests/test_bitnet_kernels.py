@@ -349,7 +349,7 @@ def weight_tensors(seed: int) -> list[np.ndarray]:
         k[0] = n - np.abs(k).sum()                                                # positive: |k| avg < 1
         out.append(np.ldexp(k, e).astype(F32).reshape(8, 128))
     out.append(np.full((2, 128), F32_MAX / 2**20, F32))
-    out.append(np.full((1, 128), float.fromhex("0x1p-149"), F32))                # m floored: q = 0, d = float32(1e-5)
+    out.append(np.full((1, 128), float.fromhex("0x1p-149"), F32))                # floored: q = 0, d = 1e-5
     out.append(summation_order_tensor())
     return out
 

@@ -323,7 +323,7 @@ def test_embed_errors_are_one_line(tmp_path):
             ([path, "--tokens", "5,-1"], "-1"),
             ([path, "--tokens", "1,x"], "--tokens"),
             ([path, "--tokens", ","], "no token"),
-            ([gemma, "--text", "hello"], "tokenizer.ggml.pre"),
+            ([gemma, "--text", "hello"], "tokenizer.ggml.model 'llama'"),
             ([path, "--tokens", "1", "-b", "no-such-backend"], "no-such-backend")):
         r = mlconf("embed", *args)
         assert r.returncode == 1, (args, r.stdout, r.stderr)

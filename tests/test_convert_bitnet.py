@@ -178,13 +178,22 @@ def test_tokenizer(converted, flavor: str) -> None:
     by_id |= {a["id"]: a["content"] for a in tj["added_tokens"]}
     r = read(path)
     tokens = val(r, "tokenizer.ggml.tokens")
-    assert len(tokens) == 256                                  # padded to the model's vocab
+    assert len(tokens) == json.loads((ck / "config.json").read_text(encoding="utf-8"))["vocab_size"]
     assert all(tokens[i] == t for i, t in by_id.items())
-    assert tokens[max(by_id) + 1] == f"[PAD{max(by_id) + 1}]"
-    assert val(r, "tokenizer.ggml.model") == "gpt2"
-    assert len(val(r, "tokenizer.ggml.merges")) == len(tj["model"]["merges"])
+    assert tokens[max(by_id) + 1] == f"[PAD{max(by_id) + 1}]"   # padded to the model's vocab
     types = val(r, "tokenizer.ggml.token_type")
     assert types[0] == gguf.TokenType.CONTROL and types[max(by_id)] == gguf.TokenType.NORMAL
+    if flavor == "qwen3":
+        assert val(r, "tokenizer.ggml.model") == "gpt2"
+        assert len(val(r, "tokenizer.ggml.merges")) == len(tj["model"]["merges"])
+    else:   # Gemma 3: a llama (SPM) vocabulary with scores from the merge ranks, no merges
+        assert val(r, "tokenizer.ggml.model") == "llama" and "tokenizer.ggml.merges" not in r.fields
+        scores = val(r, "tokenizer.ggml.scores")
+        first = "".join(tj["model"]["merges"][0])
+        assert scores[tokens.index(first)] == 0.0 and types[tokens.index("<0x41>")] == gguf.TokenType.BYTE
+        assert scores[tokens.index("".join(tj["model"]["merges"][5]))] <= -5.0
+        assert types[tokens.index("<unk>")] == gguf.TokenType.CONTROL   # an added special token first
+        assert val(r, "tokenizer.ggml.add_space_prefix") is False
     if flavor == "qwen3":   # the seed: EOS <|endoftext|> and add_eos for last-token pooling
         assert val(r, "tokenizer.ggml.eos_token_id") == by_id_inv(by_id, "<|endoftext|>")
         assert val(r, "tokenizer.ggml.add_eos_token") is True
@@ -200,14 +209,12 @@ def by_id_inv(by_id: dict[int, str], text: str) -> int:
 
 
 @pytest.mark.parametrize("mode,want", [("cls", gguf.PoolingType.CLS), ("mean", gguf.PoolingType.MEAN),
-                                       ("lasttoken", gguf.PoolingType.LAST), (None, None)])
+                                       ("lasttoken", gguf.PoolingType.LAST), (None, gguf.PoolingType.MEAN)])
 def test_pooling(tmp_path, mode: str | None, want) -> None:
+    """sentence-transformers' pooling; without modules.json mean, as BitNet's converter."""
     ck = bitnet_models.build("qwen3", tmp_path / "m", pooling=mode)
     r = read_converted(ck, tmp_path / "o.gguf", "f32")
-    if want is None:
-        assert "qwen3.pooling_type" not in r.fields
-    else:
-        assert val(r, "qwen3.pooling_type") == int(want)
+    assert val(r, "qwen3.pooling_type") == int(want)
 
 
 def read_converted(ck: Path, out: Path, outtype: str):
@@ -308,12 +315,19 @@ def test_failure_while_writing_leaves_no_file(tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
-def test_refuses_non_byte_level_tokenizer(tmp_path) -> None:
-    ck = bitnet_models.build("gemma3_text", tmp_path / "m")
+def test_refuses_a_tokenizer_the_vocabulary_cannot_express(tmp_path) -> None:
+    """Qwen3's vocabulary is byte-level BPE, Gemma 3's SentencePiece-style (byte fallback, U+2581)."""
+    ck = bitnet_models.build("qwen3", tmp_path / "q")
     p = ck / "tokenizer.json"
     doc = {**json.loads(p.read_text(encoding="utf-8")), "pre_tokenizer": {"type": "Metaspace"}}
     p.write_text(json.dumps(doc), encoding="utf-8")
     _refused(ck, tmp_path, "f16", "ByteLevel")
+    ck = bitnet_models.build("gemma3_text", tmp_path / "g")
+    p = ck / "tokenizer.json"
+    doc = json.loads(p.read_text(encoding="utf-8"))
+    doc["model"]["byte_fallback"] = False
+    p.write_text(json.dumps(doc), encoding="utf-8")
+    _refused(ck, tmp_path, "f16", "SentencePiece-style")
 
 
 def test_model_prefix(tmp_path) -> None:
@@ -324,3 +338,15 @@ def test_model_prefix(tmp_path) -> None:
     r = read_converted(ck, tmp_path / "o.gguf", "f32")
     t = next(t for t in r.tensors if t.name == "blk.1.ffn_down_norm_in.weight")
     np.testing.assert_array_equal(t.data, sd["layers.1.mlp.down_proj.norm.weight"])
+
+
+def test_teacher_checkpoints_convert_and_half_students_are_refused(tmp_path) -> None:
+    """A plain Qwen3 / Gemma 3 model (the float teacher) has no per-projection norms and converts
+    without them; a checkpoint with some of them is refused, naming one that is missing."""
+    for flavor in ("qwen3", "gemma3_text"):
+        ck = bitnet_models.build(flavor, tmp_path / flavor, teacher=True)
+        r = read_converted(ck, tmp_path / f"{flavor}.gguf", "f16")
+        names = [t.name for t in r.tensors]
+        assert "blk.0.attn_q.weight" in names and not [n for n in names if "_norm_in" in n]
+    ck = bitnet_models.build("qwen3", tmp_path / "half", drop=("layers.1.mlp.down_proj.norm.weight",))
+    _refused(ck, tmp_path, "f16", "missing tensor layers.1.mlp.down_proj.norm.weight")

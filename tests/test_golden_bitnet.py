@@ -129,5 +129,15 @@ def test_packing_transcription_agrees_on_fresh_tensors():
         tensors.append(bits.view(np.float32))
     for w in tensors:
         assert golden_bitnet.converter_quantize_to_i2_s(w) == i2s.payload(w), w.shape
-    with pytest.raises(ValueError, match="at most 8192"):
-        golden_bitnet.converter_quantize_to_i2_s(np.ones((1, 8320), np.float32))
+    with pytest.raises(ValueError, match="whole blocks"):
+        golden_bitnet.converter_quantize_to_i2_s(np.ones((1, 200), np.float32))
+
+
+def test_transcription_mean_is_numpy_1_26_s():
+    """The transcription's np.mean is NumPy 1.26.4's own, on the 55 tensors of the NumPy 1.26
+    golden (up to 1M values: many buffers)."""
+    from mlconf.tools import golden, golden_bitnet
+
+    g = np.load(GOLDEN_DIR / "i2s_mean_numpy126.npz")
+    got = [golden_bitnet.numpy126_abs_mean(w).view(np.uint32) for w in golden.i2s_mean_inputs()]
+    assert got == g["mean_bits"].tolist()

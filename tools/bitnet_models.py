@@ -33,7 +33,8 @@ MODELS: dict[str, tuple[str, str, dict[str, Any], list[str]]] = {
                    pad_token_id=0),
               ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3TextModel",
-                    dict(**_BASE, query_pre_attn_scalar=32, sliding_window=8,
+                    # vocab 512: the 256 byte-fallback pieces, the specials and ~250 merges
+                    dict(**{**_BASE, "vocab_size": 512}, query_pre_attn_scalar=32, sliding_window=8,
                          layer_types=["sliding_attention", "full_attention"],
                          rope_parameters={
                              "full_attention": dict(rope_type="default", rope_theta=1e6),
@@ -68,10 +69,11 @@ def config(name: str, **overrides: Any):
     return cfg
 
 
-def state_dict(name: str, seed: int = 0, **overrides: Any) -> dict[str, Any]:
-    """The base model's tensors plus the seven per-projection norms per layer (1 + noise), float32
-    torch tensors, every one set by hf_models.exact_parameters (seeded integers on a power-of-two
-    grid, the same bits on every host; no norm is neutral)."""
+def state_dict(name: str, seed: int = 0, teacher: bool = False, **overrides: Any) -> dict[str, Any]:
+    """The base model's tensors plus (unless ``teacher``: the plain float model a BitNet student is
+    distilled from) the seven per-projection norms per layer (1 + noise), float32 torch tensors,
+    every one set by hf_models.exact_parameters (seeded integers on a power-of-two grid, the same
+    bits on every host; no norm is neutral)."""
     import torch
     import transformers
 
@@ -83,7 +85,7 @@ def state_dict(name: str, seed: int = 0, **overrides: Any) -> dict[str, Any]:
           if not k.endswith("rotary_emb.inv_freq")}
     widths = {"dim": cfg.hidden_size, "q_dim": cfg.num_attention_heads * cfg.head_dim,
               "ff": cfg.intermediate_size}
-    for i in range(cfg.num_hidden_layers):
+    for i in range(0 if teacher else cfg.num_hidden_layers):
         for suffix, w in PROJ_NORMS.items():
             sd[f"layers.{i}.{suffix}"] = torch.ones(widths[w])
     hf_models.exact_parameters(sd.items(), seed)
@@ -91,19 +93,37 @@ def state_dict(name: str, seed: int = 0, **overrides: Any) -> dict[str, Any]:
 
 
 def tokenizer(name: str, seed: int = 0, vocab_size: int | None = None):
-    """A byte-level BPE (HF tokenizers' BpeTrainer) on a seeded word corpus; its special tokens
-    come first (ids 0..). The vocabulary is at most the model's vocab_size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """The family's tokenizer, trained with HF tokenizers' BpeTrainer on a seeded word corpus, its
+    special tokens first (ids 0..), at most the model's vocab_size pieces:
+    - qwen3: byte-level BPE (ByteLevel pre-tokenizer and decoder), as Qwen3's;
+    - gemma3_text: SentencePiece-style BPE as Gemma 3's tokenizer.json: spaces replaced by U+2581,
+      Split on " " (merged with previous), byte fallback with the 256 <0xXX> pieces after the
+      specials, <unk>, <bos> prepended by the post-processor."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    from mlconf.tools.golden_tokenizers import SPIECE, with_byte_pieces
 
     specials = MODELS[name][3]
+    size = vocab_size or MODELS[name][2]["vocab_size"]
     rng = random.Random(seed)
     corpus = [" ".join(rng.choice(_WORDS) for _ in range(12)) for _ in range(400)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size or MODELS[name][2]["vocab_size"],
-                                  special_tokens=specials, show_progress=False)
-    tok.train_from_iterator(corpus, trainer)
+    if name == "qwen3":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=size, special_tokens=specials,
+                                                            show_progress=False))
+        return tok
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", SPIECE)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never", split=True)   # training words
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=max(size - 256, len(specials) + 1),
+                                                        special_tokens=specials, show_progress=False))
+    tok = Tokenizer.from_str(with_byte_pieces(tok.to_str(), len(specials)))
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace(SPIECE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                       special_tokens=[("<bos>", specials.index("<bos>"))])
     return tok
 
 
@@ -117,18 +137,18 @@ def _tokenizer_config(name: str) -> dict[str, Any]:
 
 
 def build(name: str, folder: str | Path, seed: int = 0, *, pooling: str | None = "mean",
-          drop: tuple[str, ...] = (), extra: dict[str, Any] | None = None,
+          drop: tuple[str, ...] = (), extra: dict[str, Any] | None = None, teacher: bool = False,
           **overrides: Any) -> Path:
     """Write the checkpoint folder of model ``name``; returns it. ``pooling`` None writes no
     sentence-transformers files; ``drop`` removes tensors and ``extra`` adds some (for tests of
-    the converter's refusals)."""
+    the converter's refusals); ``teacher``: the plain model, no per-projection norms."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = config(name, **overrides)
     cfg.to_json_file(folder / "config.json")
-    sd = {k: v.contiguous() for k, v in state_dict(name, seed, **overrides).items() if k not in drop}
+    sd = {k: v.contiguous() for k, v in state_dict(name, seed, teacher, **overrides).items() if k not in drop}
     sd.update(extra or {})
     save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
     tokenizer(name, seed, overrides.get("vocab_size")).save(str(folder / "tokenizer.json"))

@@ -57,6 +57,7 @@ class BitnetArch:
     layer: dict[str, str]          # HF name after "layers.{i}." -> GGUF name after "blk.{i}."
     eos_override: str | None       # token text forced as EOS, with add_eos_token true
     pre: str                       # tokenizer.ggml.pre
+    vocab: str                     # tokenizer.ggml.model: gpt2 (byte-level BPE) or llama (SPM)
 
 
 # Common per-layer tensors (seed section 2), then the per-architecture ones.
@@ -83,18 +84,21 @@ GLOBAL = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_nor
 ARCHS: dict[str, BitnetArch] = {
     "qwen3": BitnetArch("qwen3", False, {**COMMON_LAYER,
                                          "post_attention_layernorm.weight": "ffn_norm.weight"},
-                        "<|endoftext|>", "qwen2"),
+                        "<|endoftext|>", "qwen2", "gpt2"),
     "gemma3_text": BitnetArch("gemma3", True, {
         **COMMON_LAYER,
         "post_attention_layernorm.weight": "post_attention_norm.weight",
         "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-        "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}, None, "default"),
+        "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}, None, "default", "llama"),
 }
 PREFIXES = ("", "model.")
 SKIPPED = ("lm_head.weight",)        # embedding models: no output head
 POOLING = {"pooling_mode_mean_tokens": "MEAN", "pooling_mode_cls_token": "CLS",
            "pooling_mode_lasttoken": "LAST"}
 OUTTYPES = ("f32", "f16", "i2_s")
+# general.file_type per outtype: GGML's ALL_F32 / MOSTLY_F16, and bitnet.cpp's LLAMA_FTYPE_MOSTLY_I2_S
+FILE_TYPES = {"f32": 0, "f16": 1, "i2_s": 40}
+DEFAULT_CTX = 32768   # upstream's context_length when config.json has no max_position_embeddings
 
 
 # ---------------------------------------------------------------- gguf-py run-time extension
@@ -132,6 +136,7 @@ class Item:
     gguf: str
     shape: tuple[int, ...]         # expected HF shape
     kind: str                      # linear | embed | norm | fold_norm
+    norm_in: bool = False          # one of the seven per-projection BitLinear norms of a layer
 
 
 def _expected(cfg, arch: BitnetArch) -> tuple[dict[str, Any], list[Item]]:
@@ -146,7 +151,8 @@ def _expected(cfg, arch: BitnetArch) -> tuple[dict[str, Any], list[Item]]:
     q, kv = n_heads * head_dim, n_kv * head_dim
     hp: dict[str, Any] = dict(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv,
                               head_dim=head_dim, ff=ff, vocab=vocab,
-                              ctx=cfg.integer("max_position_embeddings"),
+                              ctx=cfg.integer("max_position_embeddings",
+                                              cfg.get("max_position_embeddings") or DEFAULT_CTX),
                               eps=cfg.num("rms_norm_eps", cfg.get("rms_norm_eps")))
     shapes = {
         "input_layernorm.weight": (dim,), "post_attention_layernorm.weight": (dim,),
@@ -170,17 +176,22 @@ def _expected(cfg, arch: BitnetArch) -> tuple[dict[str, Any], list[Item]]:
     items = [Item("embed_tokens.weight", "token_embd.weight", (vocab, dim), "embed")]
     for i in range(n_layers):
         for hf, g in arch.layer.items():
-            items.append(Item(f"layers.{i}.{hf}", f"blk.{i}.{g}", shapes[hf], kind(hf, shapes[hf])))
+            items.append(Item(f"layers.{i}.{hf}", f"blk.{i}.{g}", shapes[hf], kind(hf, shapes[hf]),
+                              hf.endswith("_proj.norm.weight")))
     items.append(Item("norm.weight", "output_norm.weight", (dim,), kind("norm.weight", (dim,))))
     return hp, items
 
 
-def _check_tensors(ckpt: Checkpoint, items: list[Item]) -> str:
-    """The checkpoint's name prefix; missing, misshapen and unexpected tensors refused."""
+def _check_tensors(ckpt: Checkpoint, items: list[Item]) -> tuple[str, list[Item]]:
+    """(the checkpoint's name prefix, the tensors to write); missing, misshapen and unexpected
+    tensors refused. A checkpoint has every per-projection norm (a BitNet student) or none (its
+    float teacher, a plain Qwen3 / Gemma 3 model; decision convert_bitnet.teacher)."""
     names = ckpt.infos
     prefix = next((p for p in PREFIXES if f"{p}embed_tokens.weight" in names), None)
     if prefix is None:
         raise ConvertError(f"{ckpt.folder}: missing tensor embed_tokens.weight")
+    if not any(prefix + it.hf in names for it in items if it.norm_in):
+        items = [it for it in items if not it.norm_in]
     missing = [prefix + it.hf for it in items if prefix + it.hf not in names]
     if missing:
         raise ConvertError(f"{ckpt.folder}: missing tensor{'s' if len(missing) > 1 else ''} "
@@ -195,7 +206,7 @@ def _check_tensors(ckpt: Checkpoint, items: list[Item]) -> str:
     extra = sorted(t for t in names if t not in used and not t.endswith("rotary_emb.inv_freq"))
     if extra:
         raise ConvertError(f"{ckpt.folder}: unexpected tensor {extra[0]}: no GGUF name for it")
-    return prefix
+    return prefix, items
 
 
 def _pooling(folder: Path) -> str | None:
@@ -244,46 +255,133 @@ def _rope(cfg, arch: BitnetArch) -> tuple[float, float | None]:
 
 
 # ---------------------------------------------------------------- tokenizer
-def _add_tokenizer(w, folder: Path, arch: BitnetArch, n_vocab: int) -> dict[str, Any]:
-    import gguf
+# Token types as BitNet's converter gives them: an added token is CONTROL when it is special or
+# looks special (<...>, [...], <|...|>), else USER_DEFINED.
+LOOKS_SPECIAL = (("<|", "<", "["), ("|>", ">", "]"))
+SPIECE = "\u2581"
 
+
+def _looks_special(token: str) -> bool:
+    return bool(token) and token.startswith(LOOKS_SPECIAL[0]) and token.endswith(LOOKS_SPECIAL[1])
+
+
+def _read_tokenizer(folder: Path) -> tuple[Path, dict]:
     path = folder / "tokenizer.json"
     try:
         tj = json.loads(path.read_text(encoding="utf-8"))
-        vocab: dict[str, int] = dict(tj["model"]["vocab"])
-        added = {t["content"]: (int(t["id"]), bool(t.get("special"))) for t in tj.get("added_tokens", [])}
-        model_type = tj["model"].get("type")
+        if not isinstance(tj["model"]["vocab"], dict):
+            raise TypeError("model.vocab is not an object")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConvertError(f"{path}: cannot read the tokenizer ({e})") from None
-    if model_type != "BPE":
-        raise ConvertError(f"{path}: model.type {model_type!r}: only BPE tokenizers are converted")
-    if "ByteLevel" not in json.dumps(tj.get("pre_tokenizer")):   # gpt2-style vocab only
-        raise ConvertError(f"{path}: pre_tokenizer has no ByteLevel step: only byte-level BPE "
-                           "(tokenizer.ggml.model gpt2) is converted")
-    by_id = {i: t for t, i in vocab.items()} | {i: t for t, (i, _) in added.items()}
+    if tj["model"].get("type") != "BPE":
+        raise ConvertError(f"{path}: model.type {tj['model'].get('type')!r}: only BPE tokenizers are "
+                           "converted")
+    return path, tj
+
+
+def _added(tj: dict) -> dict[int, tuple[str, bool]]:
+    """id -> (content, special) of tokenizer.json's added tokens."""
+    return {int(t["id"]): (t["content"], bool(t.get("special"))) for t in tj.get("added_tokens", [])}
+
+
+def _vocab_bpe(w, path: Path, tj: dict, arch: BitnetArch, n_vocab: int) -> list[str]:
+    """Qwen3: the byte-level BPE vocabulary (tokenizer.ggml.model gpt2) and its merges."""
+    import gguf
+
+    if "ByteLevel" not in json.dumps(tj.get("pre_tokenizer")):
+        raise ConvertError(f"{path}: pre_tokenizer has no ByteLevel step: a {arch.gguf_arch} vocabulary is "
+                           "byte-level BPE (tokenizer.ggml.model gpt2)")
+    added = _added(tj)
+    by_id = {i: t for t, i in tj["model"]["vocab"].items()} | {i: c for i, (c, _) in added.items()}
     if max(by_id) >= n_vocab:
         raise ConvertError(f"{path}: token id {max(by_id)} >= vocab_size {n_vocab} of config.json")
     tokens, types = [], []
     for i in range(n_vocab):   # ids the tokenizer lacks are padding, as llama.cpp's converter
         t = by_id.get(i)
-        tokens.append(f"[PAD{i}]" if t is None else t)
-        types.append(gguf.TokenType.UNUSED if t is None else gguf.TokenType.CONTROL
-                     if added.get(t, (0, False))[1] else gguf.TokenType.USER_DEFINED
-                     if t in added else gguf.TokenType.NORMAL)
+        if t is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added and (added[i][1] or _looks_special(t)):
+            tokens.append(t)
+            types.append(gguf.TokenType.CONTROL)
+        elif i in added:
+            tokens.append(t.replace(SPIECE, " "))
+            types.append(gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(t)
+            types.append(gguf.TokenType.NORMAL)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(arch.pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
-    special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=n_vocab)
-    out: dict[str, Any] = {"n_tokens": len(by_id)}
+    return tokens
+
+
+def _vocab_spm(w, path: Path, tj: dict, arch: BitnetArch, n_vocab: int) -> list[str]:
+    """Gemma 3: its SentencePiece-style BPE as a llama (SPM) vocabulary, as BitNet's converter
+    writes it: scores from merge ranks (a merge's result scores -rank, its first merge counting;
+    other pieces 0), added tokens -1000, padding -10000; <0xHH> pieces BYTE, <unk> UNKNOWN;
+    add_space_prefix false. No merges are written (decision convert_bitnet.tokenizer)."""
+    import gguf
+
+    model = tj["model"]
+    if not model.get("byte_fallback") or SPIECE not in json.dumps(tj.get("normalizer"), ensure_ascii=False):
+        raise ConvertError(f"{path}: a {arch.gguf_arch} vocabulary is SentencePiece-style BPE (byte_fallback "
+                           "and a normalizer writing \u2581 for spaces), as Gemma 3's; this one is not")
+    vocab: dict[str, int] = model["vocab"]
+    if max(vocab.values()) >= n_vocab:
+        raise ConvertError(f"{path}: token id {max(vocab.values())} >= vocab_size {n_vocab} of config.json")
+    scores_of: dict[str, float] = {}
+    for rank, m in enumerate(model.get("merges", [])):
+        piece = "".join(m) if isinstance(m, list) else "".join(str(m).split(" ", 1))
+        scores_of.setdefault(piece, -float(rank))
+    added = _added(tj)
+    by_id = {i: t for t, i in vocab.items()}
+    tokens, scores, types = [], [], []
+    for i in range(n_vocab):
+        t = by_id.get(i)
+        if t is None:
+            tokens.append(f"[PAD{i}]")
+            scores.append(-10000.0)
+            types.append(gguf.TokenType.UNUSED)
+            continue
+        tokens.append(t)
+        if i in added:
+            scores.append(-1000.0)
+            control = added[i][1] or _looks_special(t)
+            types.append(gguf.TokenType.CONTROL if control else gguf.TokenType.USER_DEFINED)
+        elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            scores.append(0.0)
+            types.append(gguf.TokenType.BYTE)
+        elif t == "<unk>":
+            scores.append(0.0)
+            types.append(gguf.TokenType.UNKNOWN)
+        else:
+            scores.append(scores_of.get(t, 0.0))
+            types.append(gguf.TokenType.NORMAL)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre(arch.pre)
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_add_space_prefix(False)
+    return tokens
+
+
+def _add_tokenizer(w, folder: Path, arch: BitnetArch, n_vocab: int) -> dict[str, Any]:
+    import gguf
+
+    path, tj = _read_tokenizer(folder)
+    spm = arch.vocab == "llama"
+    tokens = (_vocab_spm if spm else _vocab_bpe)(w, path, tj, arch, n_vocab)
+    special = gguf.SpecialVocab(folder, load_merges=not spm, n_vocab=n_vocab)
     if arch.eos_override is not None:   # Qwen3: last-token pooling needs <|endoftext|> appended
-        if arch.eos_override not in added and arch.eos_override not in vocab:
+        if arch.eos_override not in tokens:
             raise ConvertError(f"{path}: no {arch.eos_override} token for the EOS override")
         special.special_token_ids["eos"] = tokens.index(arch.eos_override)
         special.add_special_token["eos"] = True
     special.add_to_gguf(w, quiet=True)
-    out["eos"] = special.special_token_ids.get("eos")
-    return out
+    return {"eos": special.special_token_ids.get("eos")}
 
 
 # ---------------------------------------------------------------- convert
@@ -311,7 +409,7 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
     windowed = [k == "sliding_attention" for k in _layer_types(cfg, hp["n_layers"])] \
         if arch.gguf_arch == "gemma3" else []
     ck = Checkpoint(folder)
-    prefix = _check_tensors(ck, items)
+    prefix, items = _check_tensors(ck, items)
     i2s_type = register_i2s() if outtype == "i2_s" else None
     if i2s_type is not None:
         # bitnet.cpp's I2_S kernels (and the reference) take whole 128-value blocks per row
@@ -341,8 +439,9 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
         os.chmod(tmp, 0o666 & ~mask)   # mkstemp's 0600 -> what open() would give
         w = gguf.GGUFWriter(tmp, arch.gguf_arch)
         w.add_name(folder.name)
-        if outtype in ("f32", "f16"):
-            w.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+        w.add_file_type(FILE_TYPES[outtype])
+        w.add_vocab_size(hp["vocab"])
+        w.add_rope_dimension_count(hp["head_dim"])
         w.add_context_length(hp["ctx"])
         w.add_embedding_length(hp["dim"])
         w.add_block_count(hp["n_layers"])
@@ -361,8 +460,7 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
                 w.add_sliding_window_pattern(windowed)   # per layer, true = sliding
             w.add_float32(f"{arch.gguf_arch}.attention.query_pre_attn_scalar",
                           cfg.num("query_pre_attn_scalar", cfg.get("query_pre_attn_scalar")))
-        if pooling is not None:
-            w.add_pooling_type(gguf.PoolingType[pooling])
+        w.add_pooling_type(gguf.PoolingType[pooling or "MEAN"])   # upstream's default: mean
         tok = _add_tokenizer(w, folder, arch, hp["vocab"])
         # Tensor infos first (sizes follow from the shapes), then the data one tensor at a time:
         # memory stays near the largest tensor (GGUFWriter.add_tensor would hold them all).

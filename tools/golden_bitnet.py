@@ -278,20 +278,31 @@ def _replace(src: Path, dst: Path) -> None:
 
 
 # ---------------------------------------------------------------- the packing oracle
-UPSTREAM_SAME_SUM = 8192   # NumPy 1 (bitnet.cpp's pin) and NumPy 2 sum alike up to this many values
+NUMPY126_BUFFER = 8192   # NumPy 1.26 (bitnet.cpp's pin) reduces a float32 array buffer by buffer
+
+
+def numpy126_abs_mean(flat: np.ndarray) -> np.float32:
+    """np.mean(np.abs(flat)) of a float32 array as NumPy 1.26 computes it, under any NumPy: its
+    reduction adds, from 0, np.add.reduce of each 8192-value buffer (a pairwise sum NumPy 1 and 2
+    compute alike), then divides in float64 and rounds to float32 (checked against NumPy 1.26.4
+    itself: golden/i2s_mean_numpy126.npz, tests/test_golden_bitnet.py)."""
+    a = np.abs(flat)
+    total = np.float32(0)
+    for i in range(0, a.size, NUMPY126_BUFFER):
+        total = np.float32(total + np.add.reduce(a[i:i + NUMPY126_BUFFER]))
+    return np.float32(np.float64(total) / a.size)
 
 
 def converter_quantize_to_i2_s(w: np.ndarray) -> bytes:
     """BitNet's embedding converter (utils/convert-bitnet-embedding-to-gguf.py, quantize_to_i2_s),
-    step by step in plain Python: abs_mean = np.mean(np.abs(w)) of the float32 tensor, floored at
-    1e-5; q = np.round(w * (1 / abs_mean)) clipped to [-1, 1] (half to even); code -1 -> 0,
-    0 -> 1, +1 -> 2; byte j of each 128-value block = c[j] << 6 | c[j+32] << 4 | c[j+64] << 2 |
-    c[j+96]; then np.float32(abs_mean) and 28 zero bytes. Up to 8192 values only: there np.mean
-    gives upstream's own bits under any NumPy (above, NumPy 1.26 and 2 sum differently)."""
+    step by step in plain Python under its pinned NumPy 1.26: abs_mean = np.mean(np.abs(w)) of the
+    float32 tensor, floored at 1e-5; q = np.round(w * (1 / abs_mean)) clipped to [-1, 1] (half to
+    even); code -1 -> 0, 0 -> 1, +1 -> 2; byte j of each 128-value block = c[j] << 6 |
+    c[j+32] << 4 | c[j+64] << 2 | c[j+96]; then np.float32(abs_mean) and 28 zero bytes."""
     flat = np.asarray(w, dtype=np.float32).reshape(-1)
-    if flat.size > UPSTREAM_SAME_SUM or flat.size % 128:
-        raise ValueError(f"{flat.size} values: the transcription takes whole blocks, at most {UPSTREAM_SAME_SUM}")
-    abs_mean = np.mean(np.abs(flat))
+    if flat.size % 128:
+        raise ValueError(f"{flat.size} values: the transcription takes whole blocks of 128")
+    abs_mean = numpy126_abs_mean(flat)
     abs_mean = max(abs_mean, 1e-5)
     inv_scale = 1.0 / abs_mean
     q_float = np.round(flat * np.float32(inv_scale)).clip(-1, 1)

@@ -176,7 +176,7 @@ def _keep_merges(tok_json: str, fraction: float) -> str:
     return json.dumps(d, ensure_ascii=False)
 
 
-def _with_byte_pieces(tok_json: str, n_first: int) -> str:
+def with_byte_pieces(tok_json: str, n_first: int) -> str:
     """Insert <0x00>..<0xFF> at ids n_first.. (after the first special tokens), shifting the rest."""
     d = json.loads(tok_json)
     vocab = d["model"]["vocab"]
@@ -204,7 +204,7 @@ def train(name: str) -> str:
         trainer = trainers.BpeTrainer(vocab_size=case.vocab_size, special_tokens=list(case.first),
                                       show_progress=False)
         tok.train_from_iterator(lines, trainer=trainer)
-        tok = Tokenizer.from_str(_with_byte_pieces(tok.to_str(), len(case.first)))
+        tok = Tokenizer.from_str(with_byte_pieces(tok.to_str(), len(case.first)))
         if case.prefix == "prepend":
             tok.pre_tokenizer = None
         else:

