@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from .base import (
     CAPABILITIES,
     POOLINGS,
+    READINGS,
     STATUSES,
     Backend,
     BackendError,
@@ -49,7 +50,8 @@ from .base import (
     WorkerTimeout,
 )
 
-__all__ = ["CAPABILITIES", "POOLINGS", "STATUSES", "Backend", "BackendError", "EmbedderSession", "InputError",
+__all__ = ["CAPABILITIES", "POOLINGS", "READINGS", "STATUSES", "Backend", "BackendError", "EmbedderSession",
+           "InputError",
            "LoadResult", "ModelSession",
            "Unsupported", "WorkerCrash", "WorkerTimeout",
            "PLUGIN_GROUP", "PluginInfo", "builtin_names", "get", "plugins", "register"]

@@ -22,10 +22,13 @@ CAPABILITIES = {
     "encode": "open_tokenizer(path) -> session; session.encode(text) -> ids, session.decode(ids) -> bytes",
     "i2s": "I2_S math: i2s_quantize(w) -> payload bytes; i2s_quantize_act(x) -> (q int8, scale f32, "
            "sum int32); i2s_matmul(payload, shape, x) -> y f32",
-    "embed": "BitNet GGUF embeddings: open_embedder(path) -> session; "
+    "embed": "BitNet GGUF embeddings: open_embedder(path, reading) -> session; "
              "session.embed(tokens, pooling, normalize) -> (dim,) f32",
 }
 POOLINGS = (None, "mean", "cls", "last")   # EmbedderSession.embed: None is the model's own pooling
+# open_embedder's reading of the projections: None is the file's own (bitnet.cpp's: ternary for
+# I2_S, float for f32/f16), "float" plain matmuls, "ternary" BitLinear on the latent weights
+READINGS = (None, "float", "ternary")
 STATUSES = ("ML_OK", "ML_E_IO", "ML_E_FORMAT", "ML_E_SHAPE")
 
 
@@ -97,8 +100,9 @@ class Backend(Protocol):
         weight: float32 (n, rows) or (rows,)."""
         ...
 
-    # -- "embed"; a GGUF the backend refuses raises InputError with the reason
-    def open_embedder(self, path: str) -> EmbedderSession: ...
+    # -- "embed"; a GGUF the backend refuses raises InputError with the reason; a reading the
+    # backend cannot do raises Unsupported
+    def open_embedder(self, path: str, reading: str | None = None) -> EmbedderSession: ...
 
 
 class TokenizerSession(Protocol):

@@ -306,33 +306,42 @@ def bitnet_goldens() -> list[str]:
     return sorted(p.stem for p in BITNET_DIR.glob("*.gguf") if p.with_suffix(".npz").exists())
 
 
+# A golden's readings: npz key prefix -> (the reading passed to open_embedder, None for the file's
+# own, and the case id's infix); reading -> (tolerance against the oracle, against the reference).
+EMBED_READINGS = {"": (None, ""), "ternary_": ("ternary", "ternary/")}
+EMBED_TOLERANCES = {"ternary": ("embeddings_vs_oracle", "embeddings_runtime_vs_reference"),
+                    "float": ("embeddings_float_vs_oracle", "embeddings_float_vs_reference")}
+
+
 def _embed_cases() -> list[Case]:
     out = []
     for name in bitnet_goldens():
         gguf, npz = BITNET_DIR / f"{name}.gguf", BITNET_DIR / f"{name}.npz"
         with np.load(npz) as g:
             data = {k: g[k] for k in g.files}
-        for i in range(EMBED_SEQUENCES):
-            if f"tokens_{i}" not in data:
-                continue
-            tokens = data[f"tokens_{i}"].astype(np.int32)
-            for pooling in EMBED_POOLINGS:
-                for normalize in (False, True):
-                    key = f"{pooling}_norm_{i}" if normalize else f"{pooling}_{i}"
-                    if key not in data:
-                        continue
-                    label = f"{pooling}_norm" if normalize else pooling
-                    params = {"op": "embed", "model": gguf, "tokens": tokens, "pooling": pooling,
-                              "normalize": normalize}
-                    out.append(Case(f"bitnet/embed/{name}/{i}/{label}", "bitnet", "embed",
-                                    f"tolerances.yaml#embeddings_vs_oracle (golden/bitnet/{name}, oracle "
-                                    "PyTorch BitLinear)", "toleranced",
-                                    {**params, "tolerance": "embeddings_vs_oracle"},
-                                    data[key].astype(np.float32)))
-                    out.append(Case(f"bitnet/embed/{name}/{i}/{label}/vs_reference", "bitnet", "embed",
-                                    f"tolerances.yaml#embeddings_runtime_vs_reference (golden/bitnet/{name})",
-                                    "toleranced", {**params, "tolerance": "embeddings_runtime_vs_reference",
-                                                   "expected_from": "reference"}))
+        own = str(data.get("reading", "ternary"))   # the file's own reading (golden_bitnet.EmbedCase)
+        for prefix, (reading, infix) in EMBED_READINGS.items():
+            vs_oracle, vs_reference = EMBED_TOLERANCES[reading or own]
+            for i in range(EMBED_SEQUENCES):
+                if f"tokens_{i}" not in data:
+                    continue
+                tokens = data[f"tokens_{i}"].astype(np.int32)
+                for pooling in EMBED_POOLINGS:
+                    for normalize in (False, True):
+                        key = f"{prefix}{pooling}_norm_{i}" if normalize else f"{prefix}{pooling}_{i}"
+                        if key not in data:
+                            continue
+                        label = f"{infix}{i}/{pooling}_norm" if normalize else f"{infix}{i}/{pooling}"
+                        params = {"op": "embed", "model": gguf, "tokens": tokens, "pooling": pooling,
+                                  "normalize": normalize, "reading": reading}
+                        out.append(Case(f"bitnet/embed/{name}/{label}", "bitnet", "embed",
+                                        f"tolerances.yaml#{vs_oracle} (golden/bitnet/{name}, "
+                                        f"{reading or own} reading)", "toleranced",
+                                        {**params, "tolerance": vs_oracle}, data[key].astype(np.float32)))
+                        out.append(Case(f"bitnet/embed/{name}/{label}/vs_reference", "bitnet", "embed",
+                                        f"tolerances.yaml#{vs_reference} (golden/bitnet/{name})",
+                                        "toleranced", {**params, "tolerance": vs_reference,
+                                                       "expected_from": "reference"}))
         for kind in GGUF_DAMAGE:
             if kind == "code3" and not any(t["type"] == GGUF_I2_S for t in gguf_tensors(gguf)):
                 continue

@@ -317,7 +317,8 @@ def _bitnet_bits(case: Case, backend: Backend, work: Workdir, r: Result) -> None
 
 def _run_embed(case: Case, backend: Backend) -> np.ndarray:
     p = case.params
-    session = backend.open_embedder(str(p["model"]))
+    session = (backend.open_embedder(str(p["model"]), p["reading"]) if p.get("reading")
+               else backend.open_embedder(str(p["model"])))
     try:
         return np.asarray(session.embed(np.asarray(p["tokens"]), p["pooling"], p["normalize"]))
     finally:

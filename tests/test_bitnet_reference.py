@@ -64,7 +64,7 @@ def _cmp(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 def test_embed_matches_bitlinear_oracle(built, flavor, outtype, pooling):
     hq, _, models = built[flavor]
     for normalize in (False, True):
-        got = bitnet.embed(models[outtype], TOKENS, pooling=pooling, normalize=normalize)
+        got = bitnet.embed(models[outtype], TOKENS, pooling=pooling, normalize=normalize, reading="ternary")
         want = _pool(hq[outtype], pooling, normalize)
         cos, mad = _cmp(got, want)
         print(f"{flavor} {outtype} {pooling} normalize={normalize}: cos={cos:.7f} max_abs={mad:.3g}")
@@ -76,12 +76,32 @@ def test_embed_matches_bitlinear_oracle(built, flavor, outtype, pooling):
 
 @pytest.mark.parametrize("flavor", FLAVORS)
 @pytest.mark.parametrize("outtype", ("f32", "f16"))
-def test_float_mode_matches_float_oracle(built, flavor, outtype):
+def test_float_files_read_as_float_match_the_float_oracle(built, flavor, outtype):
+    """A float file's own reading (bitnet.cpp's) is the float BitLinear: norm, then a plain matmul."""
     _, hf, models = built[flavor]
-    got = bitnet.embed(models[outtype], TOKENS, pooling="mean", float_mode=True)
+    assert models[outtype].reading == "float"
+    got = bitnet.embed(models[outtype], TOKENS, pooling="mean")
+    np.testing.assert_array_equal(got, bitnet.embed(models[outtype], TOKENS, pooling="mean", reading="float"))
     cos, mad = _cmp(got, _pool(hf[outtype], "mean", False))
-    print(f"{flavor} {outtype} float_mode: cos={cos:.7f} max_abs={mad:.3g}")
+    print(f"{flavor} {outtype} float: cos={cos:.7f} max_abs={mad:.3g}")
     assert cos > COS_MIN, (cos, mad)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_teacher_reads_as_the_plain_model(tmp_path, flavor):
+    """A teacher GGUF (no per-projection norms) is the plain Qwen3 / Gemma 3: transformers' own
+    model on the stored weights; the ternary reading is refused for it."""
+    ck = bitnet_models.build(flavor, tmp_path / "t", seed=3, pooling="mean", teacher=True, hidden_size=128)
+    for ot in ("f32", "f16"):
+        convert(ck, tmp_path / f"t-{ot}.gguf", ot)
+        m = bitnet.load_gguf(tmp_path / f"t-{ot}.gguf")
+        assert not m.norm_in and m.reading == "float"
+        got = bitnet.embed(m, TOKENS, pooling="mean")
+        cos, mad = _cmp(got, _pool(golden_bitnet.teacher_hidden(ck, ot, TOKENS), "mean", False))
+        print(f"{flavor} teacher {ot}: cos={cos:.9f} max_abs={mad:.3g}")
+        assert cos > COS_MIN, (cos, mad)
+        with pytest.raises(bitnet.BitnetError, match="reading ternary needs a BitNet student"):
+            bitnet.embed(m, TOKENS, reading="ternary")
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -97,7 +117,7 @@ def test_f32_runtime_equals_i2s(built, flavor):
     """f32 weights ternarized at run time agree with the I2_S file (same packing rule; the I2_S
     file's embeddings and norms are f16, hence not bit-equal)."""
     models = built[flavor][2]
-    a = bitnet.embed(models["f32"], TOKENS, pooling="mean")
+    a = bitnet.embed(models["f32"], TOKENS, pooling="mean", reading="ternary")
     b = bitnet.embed(models["i2_s"], TOKENS, pooling="mean")
     cos, mad = _cmp(a, b)
     print(f"{flavor} f32-runtime vs i2_s: cos={cos:.9f} max_abs={mad:.3g}")
@@ -112,3 +132,5 @@ def test_refusals(built):
         bitnet.embed(m, [10**6])
     with pytest.raises(bitnet.BitnetError):
         bitnet.embed(m, [1, 2], pooling="max")
+    with pytest.raises(bitnet.BitnetError, match="reading"):
+        bitnet.embed(m, [1, 2], reading="int8")

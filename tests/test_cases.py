@@ -92,13 +92,24 @@ def test_bitnet_embed_case_counts():
     ids = [c.id for c in embed]
     assert len(ids) == len(set(ids))
     per = 3 * len(cases.EMBED_POOLINGS) * 2          # sequences x poolings x normalize
+    tolerances = {"ternary": ("embeddings_vs_oracle", "embeddings_runtime_vs_reference"),
+                  "float": ("embeddings_float_vs_oracle", "embeddings_float_vs_reference")}
     for name in names:
+        own = str(np.load(cases.BITNET_DIR / f"{name}.npz")["reading"])
         mine = [c for c in embed if c.id.startswith(f"bitnet/embed/{name}/")]
+        for reading in (None, "ternary"):   # the file's own reading, and the ternary option
+            sel = [c for c in mine if c.params["reading"] == reading]
+            if reading == "ternary" and (own == "ternary" or name.endswith("teacher_f16")):
+                assert not sel   # i2_s: own reading already; a teacher has no ternary reading
+                continue
+            vs_oracle, vs_ref = tolerances[reading or own]
+            oracle = [c for c in sel if not c.id.endswith("/vs_reference")]
+            assert len(oracle) == per and all(c.params["tolerance"] == vs_oracle for c in oracle)
+            assert all(("/ternary/" in c.id) == (reading == "ternary") for c in sel)
+            vs = [c for c in sel if c.id.endswith("/vs_reference")]
+            assert len(vs) == per and all(c.params["tolerance"] == vs_ref and
+                                          c.params["expected_from"] == "reference" for c in vs)
         oracle = [c for c in mine if not c.id.endswith("/vs_reference")]
-        assert len(oracle) == per and all(c.params["tolerance"] == "embeddings_vs_oracle" for c in oracle)
-        vs = [c for c in mine if c.id.endswith("/vs_reference")]
-        assert len(vs) == per and all(c.params["tolerance"] == "embeddings_runtime_vs_reference" and
-                                      c.params["expected_from"] == "reference" for c in vs)
         refused = {c.id.rsplit("/", 1)[1] for c in embed if c.id.startswith(f"bitnet/embed/refused/{name}/")
                    and c.params["op"] == "open"}
         tensors = cases.gguf_tensors(cases.BITNET_DIR / f"{name}.gguf")
@@ -108,7 +119,9 @@ def test_bitnet_embed_case_counts():
             assert c.expected.dtype == np.float32 and c.expected.ndim == 1
     bad_calls = [c for c in embed if c.params.get("op") == "embed_call"]
     assert len(bad_calls) == len(cases.EMBED_BAD_CALLS)
-    assert len(embed) == len(names) * 2 * per + sum(
+    students_f = sum(1 for n in names if str(np.load(cases.BITNET_DIR / f"{n}.npz")["reading"]) == "float"
+                     and not n.endswith("teacher_f16"))   # float students are read ternary too
+    assert len(embed) == (len(names) + students_f) * 2 * per + sum(
         1 for c in embed if c.params.get("op") == "open") + len(bad_calls)
 
 

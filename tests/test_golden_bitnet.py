@@ -2,6 +2,8 @@
 oracle's, the reference I2_S payload against the bitnet.cpp packing transcription's, and the
 oracle re-derivation of every file (pytest -m oracle)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -29,19 +31,36 @@ def test_every_case_has_a_committed_golden():
 @pytest.mark.parametrize("name", MODELS)
 def test_golden_npz_contract(name):
     m, g = load(name)
+    case = CASES[name]
     dim, vocab = m.hp["dim"], m.tensors["token_embd.weight"].shape[0]
-    keys = {f"tokens_{i}" for i in range(3)} | {f"{p}{s}_{i}" for p in POOLINGS for s in ("", "_norm")
-                                                 for i in range(3)}
-    keys |= {"pins_call", "pins_index", "pins_value"}
+    keys = {"reading"} | {f"tokens_{i}" for i in range(3)}
+    keys |= {f"{pre}{p}{s}_{i}" for pre in case.readings for p in POOLINGS for s in ("", "_norm")
+             for i in range(3)}
+    if not case.teacher:
+        keys |= {"pins_call", "pins_index", "pins_value"}
     assert set(g.files) == keys
+    assert str(g["reading"]) == m.reading == case.readings[""]
+    assert m.norm_in != case.teacher
     for i, n in enumerate(LENGTHS):
         t = g[f"tokens_{i}"]
         assert t.dtype == np.int32 and t.shape == (n,) and 0 <= t.min() and t.max() < vocab
-        for p in POOLINGS:
-            assert g[f"{p}_{i}"].dtype == np.float32 and g[f"{p}_{i}"].shape == (dim,)
-            assert abs(np.linalg.norm(g[f"{p}_norm_{i}"]) - 1) < 1e-6
+        for pre in case.readings:
+            for p in POOLINGS:
+                assert g[f"{pre}{p}_{i}"].dtype == np.float32 and g[f"{pre}{p}_{i}"].shape == (dim,)
+                assert abs(np.linalg.norm(g[f"{pre}{p}_norm_{i}"]) - 1) < 1e-6
     if m.arch == "gemma3":
         assert max(LENGTHS) > m.hp["window"]   # the sliding window is exercised
+
+
+def test_goldens_cover_both_archs_readings_and_teachers():
+    cases = CASES.values()
+    want = {(f, t) for f in ("qwen3", "gemma3_text") for t in (False, True)}
+    assert {(c.flavor, c.teacher) for c in cases} >= want
+    assert {r for c in cases for r in c.readings.values()} == {"float", "ternary"}
+    assert any(c.outtype != "i2_s" and "ternary_" in c.readings for c in cases)
+
+
+TOLERANCE = {"ternary": "embeddings_vs_oracle", "float": "embeddings_float_vs_oracle"}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -49,12 +68,26 @@ def test_golden_npz_contract(name):
 @pytest.mark.parametrize("normalize", (False, True), ids=("raw", "norm"))
 def test_reference_embedding_matches_oracle(name, pooling, normalize):
     m, g = load(name)
-    for i in range(len(LENGTHS)):
-        got = bitnet.embed(m, g[f"tokens_{i}"], pooling=pooling, normalize=normalize)
-        want = g[f"{pooling}_norm_{i}" if normalize else f"{pooling}_{i}"]
-        assert got.dtype == np.float32 and got.shape == want.shape
-        ok, over = within("embeddings_vs_oracle", distances(got, want))
-        assert ok, f"{name} tokens_{i} {pooling} normalize={normalize}: {over}"
+    for prefix, reading in CASES[name].readings.items():
+        for i in range(len(LENGTHS)):
+            got = bitnet.embed(m, g[f"tokens_{i}"], pooling=pooling, normalize=normalize,
+                               reading=None if prefix == "" else reading)
+            want = g[f"{prefix}{pooling}_norm_{i}" if normalize else f"{prefix}{pooling}_{i}"]
+            assert got.dtype == np.float32 and got.shape == want.shape
+            ok, over = within(TOLERANCE[reading], distances(got, want))
+            assert ok, f"{name} {reading} tokens_{i} {pooling} normalize={normalize}: {over}"
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.outtype == "f16"])
+def test_float_reading_rounds_activations_to_f16(name):
+    """The float reading of an F16 file rounds each projection's input to f16 (llama.cpp's F16
+    matmul): without that rounding the result is another, measurably (nmse > 1e-9)."""
+    m, g = load(name)
+    plain = {k: dataclasses.replace(lin, f16=False) for k, lin in m.linears.items()}
+    unrounded = dataclasses.replace(m, linears=plain)
+    t = g["tokens_2"]
+    d = distances(bitnet.embed(unrounded, t, reading="float"), bitnet.embed(m, t, reading="float"))
+    assert d["nmse"] > 1e-9, d
 
 
 def test_edge_payloads_equal_reference_byte_for_byte():

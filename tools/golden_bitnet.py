@@ -3,20 +3,25 @@
     python tools/golden_bitnet.py            every case of CASES
     python tools/golden_bitnet.py NAME ...   some of them
 
-Embedding cases (qwen3_i2s, gemma3_i2s, qwen3_f16): build a tiny seeded BitNet embedding
-checkpoint (tools/bitnet_models.py, hidden_size 128 so every projection is I2_S-packable),
-convert it with tools/convert_bitnet.py, and run the oracle: transformers' Qwen3Model /
+Embedding cases (CASES): build a tiny seeded BitNet embedding checkpoint (tools/bitnet_models.py;
+students with hidden_size 128 so every projection is I2_S-packable) or its float teacher (no
+per-projection norms), convert it with tools/convert_bitnet.py, and run the oracles on the
+weights as the GGUF stores them (``as_stored``): for a student, transformers' Qwen3Model /
 Gemma3TextModel with every attention and MLP nn.Linear replaced by a BitLinear written here
 from seed 004 (RMSNorm(x, <proj>.norm.weight) -> per-row int8 activations, half away from zero
--> per-tensor ternary weights -> matmul -> rescale), on the weights as the GGUF stores them
-(``as_stored``). Writes golden/bitnet/NAME.gguf and golden/bitnet/NAME.npz:
+-> per-tensor ternary weights -> matmul -> rescale; without quantization for the float
+reading); for a teacher, transformers' plain model. Writes golden/bitnet/NAME.gguf and
+golden/bitnet/NAME.npz:
 
+  reading                        str             the file's own reading: ternary (i2_s) or float
   tokens_0, tokens_1, tokens_2   int32 (1,), (5,), (12,)   (12 > Gemma's sliding window 8)
-  {pooling}_{i}                  float32 (dim,)  pooled last hidden state, pooling mean/cls/last
+  {pooling}_{i}                  float32 (dim,)  pooled last hidden state in the own reading,
+                                                 pooling mean/cls/last
   {pooling}_norm_{i}             float32 (dim,)  the same, torch.nn.functional.normalize'd
-  pins_call, pins_index          int32 (P,)      the oracle's int8 activations that lie within
-  pins_value                     int16 (P,)      PIN_MARGIN of a rounding boundary: BitLinear call
-                                                 number (in run order), flat index, rounding (Pins)
+  ternary_{pooling}[_norm]_{i}   float32 (dim,)  f32/f16 students: the ternary reading too
+  pins_call, pins_index          int32 (P,)      students: the ternary oracle's int8 activations
+  pins_value                     int16 (P,)      within PIN_MARGIN of a rounding boundary: BitLinear
+                                                 call number (in run order), flat index, rounding
 
 Packing case (i2s_edge): golden/bitnet/i2s_edge.npz holds, per tensor NAME, ``w_NAME`` (float32
 (rows, cols)) and ``payload_NAME`` (uint8, rows * cols / 4 + 32): the I2_S bytes of an
@@ -34,6 +39,8 @@ from __future__ import annotations
 import struct
 import sys
 import tempfile
+import zlib
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -47,15 +54,40 @@ SEED = 7
 LENGTHS = (1, 5, 12)          # 12 exceeds Gemma 3's sliding window (8)
 POOLINGS = ("mean", "cls", "last")
 OUT = GOLDEN_DIR / "bitnet"
-# name -> (bitnet_models flavor, convert outtype, sentence-transformers pooling, config overrides).
+@dataclass(frozen=True)
+class EmbedCase:
+    """One embedding golden: a bitnet_models checkpoint, its GGUF outtype and the oracles' readings.
+    Students (per-projection norms) in i2_s are read ternary (the BitLinear oracle); in f32/f16
+    as bitnet.cpp reads them, float (the BitLinear oracle without quantization), and ternary as
+    the explicit option (``ternary_*`` arrays). Teachers (plain models) are read float by
+    transformers' own Qwen3Model / Gemma3TextModel."""
+    flavor: str
+    outtype: str
+    pooling: str                   # sentence-transformers' pooling of the checkpoint
+    teacher: bool = False
+    overrides: dict = field(default_factory=dict)   # config keyword arguments
+
+    @property
+    def readings(self) -> dict[str, str]:
+        """npz key prefix -> reading: "" is the file's own reading."""
+        if self.outtype == "i2_s":
+            return {"": "ternary"}
+        return {"": "float"} if self.teacher else {"": "float", "ternary_": "ternary"}
+
+
 # An f16 layer of hidden 128 is at least ~180 KB (every projection has 128 or more columns), so
-# qwen3_f16 has one layer, one KV head (GQA 4:1) and a smaller vocabulary (~220 KB in all);
-# the I2_S cases keep two layers (Gemma 3: one sliding, one full) and stay under 150 KB.
-CASES: dict[str, tuple[str, str, str, dict]] = {
-    "qwen3_i2s": ("qwen3", "i2_s", "lasttoken", {}),
-    "gemma3_i2s": ("gemma3_text", "i2_s", "mean", {}),
-    "qwen3_f16": ("qwen3", "f16", "lasttoken", {"num_hidden_layers": 1, "num_key_value_heads": 1,
-                                                "vocab_size": 128}),
+# qwen3_f16 has one layer, one KV head (GQA 4:1) and a smaller vocabulary (~220 KB in all); the
+# I2_S cases keep two layers (Gemma 3: one sliding, one full) and stay under 150 KB. The teachers
+# need no 128-wide rows (no I2_S): hidden 64, two heads of 32, one KV head, FFN 64 (~130-160 KB).
+_SMALL_TEACHER = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
+                  "intermediate_size": 64}
+CASES: dict[str, EmbedCase] = {
+    "qwen3_i2s": EmbedCase("qwen3", "i2_s", "lasttoken", overrides={"hidden_size": 128}),
+    "gemma3_i2s": EmbedCase("gemma3_text", "i2_s", "mean", overrides={"hidden_size": 128}),
+    "qwen3_f16": EmbedCase("qwen3", "f16", "lasttoken", overrides={
+        "hidden_size": 128, "num_hidden_layers": 1, "num_key_value_heads": 1, "vocab_size": 128}),
+    "qwen3_teacher_f16": EmbedCase("qwen3", "f16", "lasttoken", teacher=True, overrides=_SMALL_TEACHER),
+    "gemma3_teacher_f16": EmbedCase("gemma3_text", "f16", "mean", teacher=True, overrides=_SMALL_TEACHER),
 }
 EDGE = "i2s_edge"
 NAMES = [*CASES, EDGE]
@@ -199,6 +231,31 @@ def oracle_model(folder: str | Path, outtype: str = "f32", quant: bool = True, p
     return model
 
 
+def teacher_model(folder: str | Path, outtype: str = "f32"):
+    """transformers' plain Qwen3Model / Gemma3TextModel (float32, eval, eager attention) of a
+    teacher checkpoint (no per-projection norms) on the weights as the GGUF stores them."""
+    import transformers
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg = transformers.AutoConfig.from_pretrained(folder)
+    cfg._attn_implementation = "eager"
+    cls = transformers.Qwen3Model if cfg.model_type == "qwen3" else transformers.Gemma3TextModel
+    model = cls(cfg).float().eval()
+    # as_stored(i2_s) would keep 2-D weights f32: a teacher is f32 or f16 only
+    sd = as_stored(load_file(str(folder / "model.safetensors")), cfg.model_type != "qwen3", outtype)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected or not all("inv_freq" in k for k in missing):
+        raise RuntimeError(f"{folder}: state dict mismatch: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def teacher_hidden(folder: str | Path, outtype: str, tokens, model=None) -> np.ndarray:
+    """The teacher's last hidden state (n, dim) float32 (pass ``model`` to reuse one)."""
+    model = model if model is not None else teacher_model(folder, outtype)
+    return oracle_hidden(folder, outtype, tokens, model=model)
+
+
 def oracle_hidden(folder: str | Path, outtype: str, tokens, quant: bool = True, model=None) -> np.ndarray:
     """The oracle's last hidden state (n, dim) float32 of the token ids (pass ``model`` to reuse one)."""
     import torch
@@ -221,7 +278,7 @@ def pool(h: np.ndarray, pooling: str, normalize: bool = False) -> np.ndarray:
 
 
 def tokens_for(name: str, vocab: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(SEED + sorted(CASES).index(name))
+    rng = np.random.default_rng(SEED + zlib.crc32(name.encode()))   # a case's own stream
     return [rng.integers(3, vocab, n).astype(np.int32) for n in LENGTHS]
 
 
@@ -232,31 +289,35 @@ def derive_embeddings(name: str, out_dir: Path, pins_from: Path | None = None,
     gets stats[name] = the number of committed pins this host would have rounded otherwise."""
     from mlconf.tools.convert_bitnet import convert
 
-    flavor, outtype, pooling, overrides = CASES[name]
+    case = CASES[name]
     out_dir.mkdir(parents=True, exist_ok=True)
     gguf_path, npz = out_dir / f"{name}.gguf", out_dir / f"{name}.npz"
     with tempfile.TemporaryDirectory(prefix="mlconf-golden-") as tmp:
-        ck = bitnet_models.build(flavor, Path(tmp) / "ckpt", seed=SEED, pooling=pooling,
-                                 hidden_size=128, **overrides)
-        vocab = bitnet_models.config(flavor, hidden_size=128, **overrides).vocab_size
+        ck = bitnet_models.build(case.flavor, Path(tmp) / "ckpt", seed=SEED, pooling=case.pooling,
+                                 teacher=case.teacher, **case.overrides)
+        vocab = bitnet_models.config(case.flavor, **case.overrides).vocab_size
         tmp_gguf = Path(tmp) / "model.gguf"
-        convert(ck, tmp_gguf, outtype)
+        convert(ck, tmp_gguf, case.outtype)
         committed = None
-        if pins_from is not None:
+        if pins_from is not None and not case.teacher:
             with np.load(Path(pins_from) / f"{name}.npz") as g:
                 committed = {k: g[k] for k in ("pins_call", "pins_index", "pins_value")}
         pins = Pins(committed)
-        model = oracle_model(ck, outtype, pins=pins)
-        arrays: dict[str, np.ndarray] = {}
+        models = {"float": teacher_model(ck, case.outtype) if case.teacher
+                  else oracle_model(ck, case.outtype, quant=False),
+                  "ternary": None if case.teacher else oracle_model(ck, case.outtype, pins=pins)}
+        arrays: dict[str, np.ndarray] = {"reading": np.array(case.readings[""])}
         seqs = tokens_for(name, vocab)
         for i, toks in enumerate(seqs):
             arrays[f"tokens_{i}"] = toks
-        for i, toks in enumerate(seqs):
-            h = oracle_hidden(ck, outtype, toks, model=model)
-            for p in POOLINGS:
-                arrays[f"{p}_{i}"] = pool(h, p)
-                arrays[f"{p}_norm_{i}"] = pool(h, p, normalize=True)
-        arrays.update(pins.arrays())
+        for prefix, reading in case.readings.items():
+            for i, toks in enumerate(seqs):
+                h = oracle_hidden(ck, case.outtype, toks, model=models[reading])
+                for p in POOLINGS:
+                    arrays[f"{prefix}{p}_{i}"] = pool(h, p)
+                    arrays[f"{prefix}{p}_norm_{i}"] = pool(h, p, normalize=True)
+        if not case.teacher:   # pins: the ternary oracle's int8 roundings near a boundary
+            arrays.update(pins.arrays())
         if stats is not None:
             stats[name] = pins.overridden
         _replace(tmp_gguf, gguf_path)

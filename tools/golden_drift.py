@@ -68,7 +68,7 @@ def kind_of(family: str, key: str) -> str:
         return "output" if key == "logits" else "input"
     if key.startswith("pins_"):
         return "pins"
-    return "input" if key.startswith(("tokens_", "w_", "payload_", "names")) else "output"
+    return "input" if key.startswith(("tokens_", "w_", "payload_", "names", "reading")) else "output"
 
 
 def compare(fresh_root: Path, golden_root: Path = GOLDEN_DIR, families=tuple(FAMILIES)) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import POOLINGS, InputError, LoadResult, Unsupported
+from ..base import POOLINGS, READINGS, InputError, LoadResult, Unsupported
 from . import i2s, loader, quant
 
 
@@ -85,9 +85,10 @@ class ReferenceBackend:
         return y.reshape(*x.shape[:-1], rows)
 
     # -- BitNet GGUF embeddings
-    def open_embedder(self, path: str) -> Embedder:
-        """The reference embedder of a GGUF (reference/bitnet.py); a refused file raises InputError."""
-        return Embedder(path, self.float_mode)
+    def open_embedder(self, path: str, reading: str | None = None) -> Embedder:
+        """The reference embedder of a GGUF (reference/bitnet.py) in ``reading`` (None: the
+        file's own; float semantics: float); a refused file or reading raises InputError."""
+        return Embedder(path, reading or ("float" if self.float_mode else None))
 
 
 def _act_shape(x: np.ndarray) -> None:
@@ -102,9 +103,11 @@ def _act_shape(x: np.ndarray) -> None:
 class Embedder:
     """A loaded BitNet GGUF (backends.base.EmbedderSession)."""
 
-    def __init__(self, path: str, float_mode: bool = False):
+    def __init__(self, path: str, reading: str | None = None):
         from . import bitnet
-        self.path, self.float_mode = str(path), float_mode
+        if reading not in READINGS:
+            raise InputError(f"reading {reading!r} is not one of {READINGS}")
+        self.path = str(path)
         try:
             self.model = bitnet.load_gguf(path)
             emb = self.model.tensors["token_embd.weight"]
@@ -117,6 +120,10 @@ class Embedder:
             raise InputError(f"{self.path}: not a readable BitNet GGUF (truncated or damaged?): "
                              f"{type(e).__name__}: {e}") from None
         self.vocab, self.dim = int(emb.shape[0]), int(self.model.hp["dim"])
+        self.reading = reading or self.model.reading
+        if self.reading == "ternary" and not self.model.norm_in:
+            raise InputError(f"{self.path}: reading ternary needs a BitNet student (per-projection norms); "
+                             "this GGUF is a plain model (a float teacher): read it as float")
 
     def embed(self, tokens: np.ndarray, pooling: str | None = None, normalize: bool = False) -> np.ndarray:
         from . import bitnet
@@ -132,7 +139,7 @@ class Embedder:
         if pooling not in POOLINGS:
             raise InputError(f"pooling {pooling!r} is not one of {POOLINGS}")
         try:
-            return bitnet.embed(self.model, t, pooling, bool(normalize), float_mode=self.float_mode)
+            return bitnet.embed(self.model, t, pooling, bool(normalize), reading=self.reading)
         except bitnet.BitnetError as e:
             raise InputError(str(e)) from None
 

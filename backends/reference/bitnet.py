@@ -9,13 +9,17 @@ matmul with ternary weights. GGUFs come from tools/convert_bitnet.py (f32, f16 o
 
 Decisions (documented here, tested in tests/test_bitnet_reference.py):
 
-* Linear layers. I2_S weights: per-row int8 activation quantization, integer ternary dot and
-  the float epilogue of backends/reference/i2s.py (specs/i2s.yaml). f32/f16 weights hold the
-  unquantized (latent) weights of the BitNet checkpoint; by default ("runtime" mode) they are
-  ternarized per tensor at load time with the same rule as the I2_S writer, so f32, f16 and
-  i2_s GGUFs of one checkpoint give the same embedding up to f16 rounding of the latent weights
-  and norms. ``float_mode=True`` skips both quantizations: plain float32 matmul with the stored
-  weights (I2_S tensors are dequantized, q * d).
+* Linear layers, in one of two readings (decision bitnet.reading). Each projection is preceded
+  by RMSNorm with its ``<proj>_norm_in`` weight when the GGUF has those tensors (a BitNet
+  student), and by nothing when it has none (its float teacher, a plain Qwen3 / Gemma 3).
+  - "ternary" (BitLinear): per-row int8 activation quantization, integer ternary dot and the
+    float epilogue of backends/reference/i2s.py (specs/i2s.yaml). I2_S weights are read as they
+    are; f32/f16 (latent) weights are ternarized at load with the I2_S writer's rule.
+  - "float": plain matmul with the stored weights in float32; when a weight is F16, the
+    activations are rounded to f16 first, as llama.cpp's F16 matmul converts them (its
+    vec_dot_type), and the products are summed in float32. I2_S weights are dequantized (q * d).
+  A file's own reading (``reading=None``) is bitnet.cpp's: ternary for I2_S, float for f32 and
+  f16. The ternary reading of a float file needs the per-projection norms (a student).
 * Attention is causal for both architectures (llama.cpp's qwen3 / gemma3 graphs keep
   causal_attn = true in llama-embedding; HF Qwen3Model / Gemma3TextModel are causal too), with
   Gemma 3's sliding window on the layers the GGUF marks as sliding (key j visible from query i
@@ -48,6 +52,9 @@ class BitnetError(ValueError):
     """A GGUF or an argument the reference refuses."""
 
 
+READINGS = ("float", "ternary")
+
+
 @dataclass
 class Linear:
     """One projection: float weight (rows, cols) and/or the I2_S payload."""
@@ -55,15 +62,19 @@ class Linear:
     shape: tuple[int, int]
     weight: np.ndarray | None = None      # f32 weight as stored (dequantized for I2_S)
     payload: bytes | None = None          # I2_S bytes (codes + 32-byte tail) used by the BitLinear path
+    f16: bool = False                     # stored as F16: the float reading rounds activations to f16
+    i2s: bool = False                     # stored as I2_S
 
     def runtime_payload(self) -> bytes:
         if self.payload is None:
             self.payload = i2s.payload(self.weight)
         return self.payload
 
-    def __call__(self, x: np.ndarray, float_mode: bool) -> np.ndarray:
-        if float_mode:
-            return (x @ self.weight.T).astype(F32)
+    def __call__(self, x: np.ndarray, reading: str) -> np.ndarray:
+        if reading == "float":
+            if self.f16:
+                x = x.astype(np.float16).astype(F32)
+            return (x.astype(F32) @ self.weight.T).astype(F32)
         return i2s.bitlinear(np.ascontiguousarray(x, dtype=F32), self.runtime_payload(), self.shape)
 
 
@@ -73,6 +84,12 @@ class BitnetModel:
     hp: dict
     tensors: dict[str, np.ndarray] = field(default_factory=dict)   # 1-D/2-D float tensors
     linears: dict[str, Linear] = field(default_factory=dict)
+    norm_in: bool = True     # the per-projection norms are there (a BitNet student)
+
+    @property
+    def reading(self) -> str:
+        """The file's own reading: ternary for I2_S projections, float for f32/f16 ones."""
+        return "ternary" if any(lin.i2s for lin in self.linears.values()) else "float"
 
 
 def _field(reader, key, default=None):
@@ -120,7 +137,7 @@ def load_gguf(path) -> BitnetModel:
                 raise BitnetError(f"{path}: tensor {name}: {e}") from None
             if not math.isfinite(d):
                 raise BitnetError(f"{path}: tensor {name}: I2_S scale {d!r} is not finite")
-            m.linears[name.removesuffix(".weight")] = Linear((rows, cols), w, data)
+            m.linears[name.removesuffix(".weight")] = Linear((rows, cols), w, data, i2s=True)
         elif t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
             a = np.array(t.data, dtype=F32)
             bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
@@ -129,11 +146,20 @@ def load_gguf(path) -> BitnetModel:
                                   f"flat index {int(bad[0])}")
             base = name.removesuffix(".weight")
             if a.ndim == 2 and base.split(".")[-1] in PROJ:
-                m.linears[base] = Linear((a.shape[0], a.shape[1]), a)
+                m.linears[base] = Linear((a.shape[0], a.shape[1]), a,
+                                         f16=t.tensor_type == gguf.GGMLQuantizationType.F16)
             else:
                 m.tensors[name] = a
         else:
             raise BitnetError(f"{path}: tensor {name} has unsupported type {t.tensor_type!r}")
+    # the per-projection norms: every one (a student) or none (a teacher), never some
+    wanted = [f"{b}_norm_in.weight" for b in m.linears]
+    have = [w for w in wanted if w in m.tensors]
+    if have and len(have) < len(wanted):
+        missing = next(w for w in wanted if w not in m.tensors)
+        raise BitnetError(f"{path}: missing tensor {missing}: a BitNet GGUF has a per-projection norm "
+                          "for every projection or none")
+    m.norm_in = bool(have)
     return m
 
 
@@ -150,9 +176,16 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float) -> np.ndarray:
 
 
 def embed(model: BitnetModel, tokens, pooling: str | None = None, normalize: bool = False,
-          float_mode: bool = False) -> np.ndarray:
-    """Pooled embedding (dim,) float32 of the token ids (see the module docstring)."""
+          reading: str | None = None) -> np.ndarray:
+    """Pooled embedding (dim,) float32 of the token ids, in ``reading`` (None: the file's own;
+    see the module docstring)."""
     m, hp, T = model, model.hp, model.tensors
+    reading = reading or m.reading
+    if reading not in READINGS:
+        raise BitnetError(f"reading {reading!r} is not one of {', '.join(READINGS)}")
+    if reading == "ternary" and not m.norm_in:
+        raise BitnetError("reading ternary needs a BitNet student (per-projection norms); this GGUF is a "
+                          "plain model (a float teacher): read it as float")
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if tokens.size == 0:
         raise BitnetError("no tokens")
@@ -172,7 +205,9 @@ def embed(model: BitnetModel, tokens, pooling: str | None = None, normalize: boo
     causal = pos[None, :] <= pos[:, None]
 
     def lin(b: str, name: str, v: np.ndarray) -> np.ndarray:
-        return m.linears[f"{b}.{name}"](rmsnorm(v, T[f"{b}.{name}_norm_in.weight"], eps), float_mode)
+        if m.norm_in:
+            v = rmsnorm(v, T[f"{b}.{name}_norm_in.weight"], eps)
+        return m.linears[f"{b}.{name}"](v, reading)
 
     for i in range(hp["n_layers"]):
         b = f"blk.{i}"
