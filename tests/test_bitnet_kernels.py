@@ -310,6 +310,36 @@ def test_dots_match_reference(lib, isa, seed):
                                       err_msg=f"{isa} dot_rows4 n {n}")
 
 
+def _float_dot(w: np.ndarray, x: np.ndarray) -> np.float32:
+    """The table's float dot order (i2s_kernels.h): element k into running sum k % 8, each product
+    rounded then added, the sums combined ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))."""
+    s = np.zeros(8, F32)
+    p = (w.astype(F32) * x.astype(F32)).astype(F32)
+    for k in range(0, p.size, 8):
+        part = p[k:k + 8]
+        s[:part.size] = (s[:part.size] + part).astype(F32)
+    return F32(F32(F32(s[0] + s[1]) + F32(s[2] + s[3])) + F32(F32(s[4] + s[5]) + F32(s[6] + s[7])))
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_float_dots_follow_the_table_order(lib, isa, seed):
+    """dot_f16 / dot_f32 (the float reading and attention) give the documented order's bits on
+    every ISA, for any length (leftovers past the last group of 8) and f16 weights of any finite bits."""
+    rng = np.random.default_rng(seed)
+    for n in (1, 7, 8, 9, 64, 127, 640, 1000, 4096):
+        h = rng.integers(0, 2**16, n, dtype=np.uint32).astype(np.uint16)
+        h = np.where((h & 0x7C00) == 0x7C00, h & 0xBFFF, h).astype(np.uint16)          # finite
+        wf = (rng.standard_normal(n) * np.exp2(rng.integers(-12, 12, n))).astype(F32)
+        x = (rng.standard_normal(n) * np.exp2(rng.integers(-12, 12, n))).astype(F32)
+        out = np.zeros(4, np.uint8)
+        for op, w, want in (("dot_f16", h, _float_dot(h.view(np.float16), x)),
+                            ("dot_f32", wf, _float_dot(wf, x))):
+            rc = lib.lib.mlbitnet_test_kernel(isa.encode(), op.encode(), n, lib._buf(w), lib._buf(x),
+                                              lib.ffi.from_buffer(out))
+            assert rc == ML_OK
+            assert out.view(F32)[0].tobytes() == want.tobytes(), f"{isa} {op} n {n}"
+
+
 def test_dot_extremes_are_exact(lib, isa):
     """Code 3 everywhere against -128 everywhere: the largest |sum| (int16 stages must not saturate)."""
     n = 4096

@@ -58,7 +58,7 @@ Handles are integers (or strings) the program chooses; they live as long as the 
                                                               sum: int32 [rows]
   i2s_matmul     payload: base64, shape: [rows, cols],        y: f32 [n, rows]
                  x: f32, x_shape: [n, cols]
-  open_embedder  path                                         handle, dim, vocab
+  open_embedder  path [, reading "float" | "ternary"]          handle, dim, vocab
   embed          handle, tokens: [ints], pooling: null |      vector: f32 [dim]
                  "mean" | "cls" | "last", normalize: bool
 
@@ -93,7 +93,16 @@ from typing import Any
 
 import numpy as np
 
-from ..base import CAPABILITIES, BackendError, InputError, LoadResult, Unsupported, WorkerCrash, WorkerTimeout
+from ..base import (
+    CAPABILITIES,
+    READINGS,
+    BackendError,
+    InputError,
+    LoadResult,
+    Unsupported,
+    WorkerCrash,
+    WorkerTimeout,
+)
 from ..native import default_timeout
 from ..native.worker import signal_name, stderr_file, stderr_tail
 
@@ -534,10 +543,14 @@ class CmdBackend:
         y = unpack(r, "y", "<f4", (x2.shape[0], rows), f"{self.name}: {desc}")
         return y.reshape(*x.shape[:-1], rows)
 
-    def open_embedder(self, path: str) -> EmbedderSession:
+    def open_embedder(self, path: str, reading: str | None = None) -> EmbedderSession:
+        """The program's embedder; a reading other than the file's own is sent as "reading" (a
+        program that cannot do it answers an error of kind "unsupported")."""
         self._need("embed")
-        desc = f"open_embedder({str(path)!r})"
-        r = self.request(desc, "open_embedder", path=str(path))
+        if reading not in READINGS:
+            raise InputError(f"reading {reading!r} is not one of {READINGS}")
+        desc = f"open_embedder({str(path)!r}" + (f", {reading!r})" if reading else ")")
+        r = self.request(desc, "open_embedder", path=str(path), **({"reading": reading} if reading else {}))
         where = f"{self.name}: {desc}"
         return EmbedderSession(self, _handle(r, where), _field(r, "dim", int, where),
                                _field(r, "vocab", int, where), str(path))

@@ -250,10 +250,18 @@ class LibraryBackend:
         return y.reshape(*x.shape[:-1], rows)
 
     # -- BitNet GGUF embeddings
-    def open_embedder(self, path: str) -> EmbedderSession:
+    def open_embedder(self, path: str, reading: str | None = None) -> EmbedderSession:
+        """The library's embedder of a GGUF in ``reading`` (None: the file's own, ml_embed_load;
+        "float" / "ternary": ml_embed_load_reading, Unsupported when the library lacks it)."""
         self._need("embed")
-        st, h, reason, dim, vocab = self._call(f"open_embedder({str(path)!r})", "embed_load", str(path),
-                                               _int32(self.threads, "threads"))
+        if reading not in abi.READING_CODES:
+            raise InputError(f"reading {reading!r} is not one of {tuple(abi.READING_CODES)}")
+        if reading is not None and "ml_embed_load_reading" not in self.symbols:
+            raise Unsupported(f"{self.name}: the library exports no ml_embed_load_reading, so the {reading} "
+                              "reading cannot be chosen")
+        desc = f"open_embedder({str(path)!r}" + (f", {reading!r})" if reading else ")")
+        st, h, reason, dim, vocab = self._call(desc, "embed_load", str(path), _int32(self.threads, "threads"),
+                                               abi.READING_CODES[reading])
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_embed_load returned ML_E_UNSUPPORTED")
         if st != abi.ML_OK:   # the reason names the file (mlrt.h); name it here if it does not

@@ -52,6 +52,11 @@ int ml_i2s_matmul(const uint8_t *payload, size_t rows, size_t cols, const float 
 #define ML_POOL_LAST 3
 typedef struct ml_embedder ml_embedder;
 int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *reason, size_t reason_len);
+#define ML_READ_MODEL 0
+#define ML_READ_FLOAT 1
+#define ML_READ_TERNARY 2
+int ml_embed_load_reading(const char *path, int32_t threads, int32_t reading, ml_embedder **out, char *reason,
+                          size_t reason_len);
 void ml_embed_free(ml_embedder *e);
 int32_t ml_embed_dim(const ml_embedder *e);
 int32_t ml_embed_vocab(const ml_embedder *e);
@@ -66,7 +71,7 @@ FUNCTIONS = (
     "ml_quantize_q8_0",
     "ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode",
     "ml_i2s_quantize", "ml_i2s_quantize_act", "ml_i2s_matmul",
-    "ml_embed_load", "ml_embed_free", "ml_embed_dim", "ml_embed_vocab", "ml_embed",
+    "ml_embed_load", "ml_embed_load_reading", "ml_embed_free", "ml_embed_dim", "ml_embed_vocab", "ml_embed",
 )
 
 STATUS_NAMES = {0: "ML_OK", 1: "ML_E_IO", 2: "ML_E_FORMAT", 3: "ML_E_SHAPE", 4: "ML_E_ARG",
@@ -84,6 +89,9 @@ CAPABILITY_SYMBOLS: dict[str, tuple[str, ...]] = {
     "i2s": ("ml_i2s_quantize", "ml_i2s_quantize_act", "ml_i2s_matmul"),
     "embed": ("ml_embed_load", "ml_embed_free", "ml_embed_dim", "ml_embed_vocab", "ml_embed"),
 }
+
+# open_embedder's reading -> the ML_READ_* code of ml_embed_load_reading (optional in the embed group)
+READING_CODES = {None: 0, "float": 1, "ternary": 2}
 
 REASON_LEN = 1024  # bytes of the reason buffers given to ml_check, ml_load and ml_tok_load
 

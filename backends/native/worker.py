@@ -217,10 +217,15 @@ class _Server:
         return st, y.reshape(n, rows)
 
     # -- BitNet GGUF embeddings
-    def embed_load(self, path: str, threads: int) -> tuple[int, int | None, str, int, int]:
+    def embed_load(self, path: str, threads: int, reading: int = 0) -> tuple[int, int | None, str, int, int]:
+        """ml_embed_load, or ml_embed_load_reading for a reading other than the file's own (0)."""
         out = self.ffi.new("ml_embedder **")
         reason = self._reason()
-        st = self.lib.ml_embed_load(os.fsencode(path), threads, out, reason, self.abi.REASON_LEN)
+        if reading:
+            st = self.lib.ml_embed_load_reading(os.fsencode(path), threads, reading, out, reason,
+                                                self.abi.REASON_LEN)
+        else:
+            st = self.lib.ml_embed_load(os.fsencode(path), threads, out, reason, self.abi.REASON_LEN)
         if st != self.abi.ML_OK or out[0] == self.ffi.NULL:
             return st, None, self._text(reason), 0, 0
         e = out[0]

@@ -72,6 +72,8 @@ class Linear:
 
     def __call__(self, x: np.ndarray, reading: str) -> np.ndarray:
         if reading == "float":
+            if not np.isfinite(x).all():   # as quantize_activations on the ternary path, and ml_embed
+                raise BitnetError("non-finite activation (the model's values overflow float32)")
             if self.f16:
                 x = x.astype(np.float16).astype(F32)
             return (x.astype(F32) @ self.weight.T).astype(F32)

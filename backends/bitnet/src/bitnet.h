@@ -12,8 +12,13 @@
 #include "../../native/src/util.h"
 #include "i2s_kernels.h"
 
-/* native/src/f16.c: IEEE binary16 bits -> float, exact. */
+/* native/src/f16.c: IEEE binary16 bits <-> float, exact (f32 -> f16 rounds to nearest even). */
 float ml_f16_to_f32(uint16_t h);
+uint16_t ml_f32_to_f16(float f);
+
+/* i2s_api.c: spec `ternarize` and `layout` of n finite floats (n % 128 == 0): the packed codes
+ * (n / 4 bytes) and the stored scale d, as ml_i2s_quantize writes them. */
+void i2s_ternarize(const float *w, size_t n, uint8_t *packed, float *d);
 
 /* native/src/pool.c: run fn(arg, i0, i1) over [0, n) split in contiguous ranges across threads. */
 struct ml_pool;

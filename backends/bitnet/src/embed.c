@@ -2,14 +2,19 @@
  * mlrt.h. The reference is backends/reference/bitnet.py (its docstring lists every decision);
  * the GGUFs are those of tools/convert_bitnet.py (seed 004). Read top to bottom:
  *
- *   model       hyper-parameters, per layer the norms (float, owned) and seven projections as
- *               packed I2_S rows: in the map for I2_S tensors, ternarized at load for f32/f16 ones
- *               with the reference's rule (specs/i2s.yaml `ternarize`), so every projection runs
- *               through the same i2s kernels
- *   loader      every key and tensor checked (presence, type, shape, contents) before use
+ *   model       hyper-parameters, per layer the norms (float, owned) and seven projections in
+ *               one of two readings (decision bitnet.reading; the file's own by default, as
+ *               bitnet.cpp: ternary for I2_S, float for f32/f16):
+ *                 ternary  packed I2_S rows: in the map for I2_S tensors, ternarized at load for
+ *                          f32/f16 ones with the I2_S writer's rule (i2s_ternarize)
+ *                 float    F16 / F32 rows in the map (I2_S dequantized to owned F32 rows)
+ *   loader      every key and tensor checked (presence, type, shape, contents) before use; the
+ *               per-projection norms are all there (a student) or none (a teacher)
  *   small ops   rmsnorm (NumPy's pairwise sum order), RoPE tables in double, SiLU, tanh-GELU
- *   bitlinear   RMSNorm(x, <proj>_norm_in) -> int8 activations per token -> integer dot (four
- *               tokens per kernel call) -> the float epilogue; weight rows split over the pool
+ *   linear      RMSNorm(x, <proj>_norm_in) when the file has it, then: ternary, int8 activations
+ *               per token -> integer dot (four tokens per kernel call) -> the float epilogue;
+ *               float, the input rounded to f16 for F16 weights (llama.cpp's F16 matmul) ->
+ *               float dot (the table's fixed order); weight rows split over the pool
  *   attention   causal (Gemma sliding layers: 0 <= i - j < window), GQA, heads over the pool
  *   ml_embed    the layers, the final norm, pooling, optional L2 normalization
  *
@@ -48,12 +53,16 @@
 enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, N_PROJ };
 static const char *const proj_name[N_PROJ] = {"attn_q", "attn_k", "attn_v", "attn_output",
                                               "ffn_gate", "ffn_up", "ffn_down"};
+enum { W_TERNARY, W_F16, W_F32 }; /* how a projection is held and multiplied */
 
 typedef struct {
     int32_t rows, cols;
-    const uint8_t *packed; /* rows * cols/4 bytes (specs/i2s.yaml `layout`): in the map or `owned` */
+    int fmt;
+    const uint8_t *packed; /* W_TERNARY: rows * cols/4 bytes (specs/i2s.yaml `layout`): in the map or `owned` */
     uint8_t *owned;
-    float d;               /* the stored scale */
+    float d;               /* W_TERNARY: the stored scale */
+    const void *w;         /* W_F16 (uint16_t) / W_F32 (float) rows: in the map, or `wf` */
+    float *wf;             /* W_F32 rows dequantized from I2_S (the float reading of an I2_S file) */
 } proj;
 
 typedef struct {
@@ -70,6 +79,8 @@ struct ml_embedder {
     int32_t dim, n_layers, n_heads, n_kv, hd, ff, vocab;
     int32_t window; /* Gemma sliding window (0: none) */
     int32_t pooling; /* ML_POOL_MEAN / CLS / LAST from the GGUF (mean when unset) */
+    int32_t reading; /* ML_READ_FLOAT or ML_READ_TERNARY, resolved at load */
+    int norm_in;     /* the per-projection norms are there (a BitNet student) */
     float eps, attn_scale, embd_scale;
     const uint8_t *tok; /* token_embd rows in the map */
     int tok_f16;
@@ -86,7 +97,7 @@ static void free_model(ml_embedder *e) {
             layer *L = &e->layers[l];
             free(L->attn_norm), free(L->ffn_norm), free(L->q_norm), free(L->k_norm);
             free(L->post_attn_norm), free(L->post_ffw_norm);
-            for (int i = 0; i < N_PROJ; i++) free(L->norm_in[i]), free(L->p[i].owned);
+            for (int i = 0; i < N_PROJ; i++) free(L->norm_in[i]), free(L->p[i].owned), free(L->p[i].wf);
         }
     free(e->layers);
     free(e->output_norm);
@@ -300,41 +311,24 @@ static int norm(const loader *L, const char *name, int32_t n, float **out) {
     return ML_OK;
 }
 
-/* specs/i2s.yaml `ternarize` of a float tensor (rows, cols) into packed rows and the stored scale,
- * as the reference's i2s.payload: m = float32(sum |w| in double / n), floored at 1e-5f, s = 1 / m,
- * q = clamp(rint(w * s), -1, 1) (half to even), d = 1 / s if any q != 0 else 0. */
-static void ternarize(const gguf_tensor *t, int32_t rows, int32_t cols, uint8_t *packed, float *d) {
-    uint64_t n = (uint64_t)rows * (uint64_t)cols;
-    double sum = 0;
-    for (uint64_t i = 0; i < n; i++) sum += fabs((double)elem(t, i));
-    float m = (float)(sum / (double)n);
-    if (!(m >= 1e-5f)) m = 1e-5f;
-    float s = 1.0f / m;
-    int any = 0;
-    for (uint64_t b = 0; b < n / I2S_BLOCK; b++) {
-        uint8_t c[I2S_BLOCK];
-        for (int j = 0; j < I2S_BLOCK; j++) {
-            float q = rintf(elem(t, b * I2S_BLOCK + (uint64_t)j) * s);
-            q = q > 1.0f ? 1.0f : q < -1.0f ? -1.0f : q;
-            any |= q != 0.0f;
-            c[j] = (uint8_t)((int)q + 1);
-        }
-        uint8_t *o = packed + b * I2S_BLOCK_BYTES;
-        for (int j = 0; j < 32; j++) o[j] = (uint8_t)(c[j] << 6 | c[j + 32] << 4 | c[j + 64] << 2 | c[j + 96]);
-    }
-    *d = any ? 1.0f / s : 0.0f;
-}
-
-/* A projection (rows, cols): I2_S mapped after its checks, f32/f16 checked and ternarized. */
+/* A projection (rows, cols) in the model's reading. Ternary: I2_S mapped after its checks, f32/f16
+ * checked and ternarized (i2s_ternarize). Float: f32/f16 mapped after the finiteness check, I2_S
+ * checked and dequantized (q * d). */
 static int projection(const loader *L, const char *name, int32_t rows, int32_t cols, proj *p) {
     const gguf_tensor *t;
     int rc = tensor(L, name, K_PROJ, (uint64_t)cols, (uint64_t)rows, &t);
     if (rc) return rc;
-    if (cols % I2S_BLOCK)
+    int ternary = L->e->reading == ML_READ_TERNARY;
+    if ((ternary || t->type == GGUF_TYPE_I2_S) && cols % I2S_BLOCK)
         return fail(L, ML_E_SHAPE, "tensor %s: rows of %" PRId32 " values, the I2_S kernels need a multiple of %d", name,
                     cols, I2S_BLOCK);
     p->rows = rows, p->cols = cols;
-    size_t nbytes = (size_t)rows * (size_t)(cols / 4);
+    p->fmt = ternary ? W_TERNARY : t->type == GGUF_TYPE_F16 ? W_F16 : W_F32;
+    size_t n = (size_t)rows * (size_t)cols, nbytes = n / 4;
+    if (!ternary && t->type != GGUF_TYPE_I2_S) {
+        p->w = t->data;
+        return check_finite(L, name, t, (uint64_t)n);
+    }
     if (t->type == GGUF_TYPE_I2_S) {
         /* gguf.c checked rows*cols/4 + 32 bytes inside the file: the payload is complete */
         p->packed = t->data;
@@ -349,12 +343,26 @@ static int projection(const loader *L, const char *name, int32_t rows, int32_t c
                 return fail(L, ML_E_FORMAT, "tensor %s: code 3 at element %" PRIu64 " (I2_S codes are 0, 1, 2)", name, el);
             }
         }
+        if (ternary) return ML_OK;
+        p->wf = malloc(n * sizeof *p->wf); /* the float reading: q * d, exact */
+        if (!p->wf) return fail(L, ML_E_NOMEM, "out of memory for tensor %s", name);
+        for (size_t i = 0; i < n; i++) {
+            int code = (t->data[(i / I2S_BLOCK) * I2S_BLOCK_BYTES + i % 32] >> (6 - 2 * ((i % I2S_BLOCK) / 32))) & 3;
+            p->wf[i] = (float)(code - 1) * p->d;
+        }
+        p->w = p->wf;
         return ML_OK;
     }
-    if ((rc = check_finite(L, name, t, (uint64_t)rows * (uint64_t)cols))) return rc;
+    if ((rc = check_finite(L, name, t, (uint64_t)n))) return rc;
+    float *w = malloc(n * sizeof *w);
     p->owned = malloc(nbytes);
-    if (!p->owned) return fail(L, ML_E_NOMEM, "out of memory for tensor %s", name);
-    ternarize(t, rows, cols, p->owned, &p->d);
+    if (!w || !p->owned) {
+        free(w);
+        return fail(L, ML_E_NOMEM, "out of memory for tensor %s", name);
+    }
+    for (size_t i = 0; i < n; i++) w[i] = elem(t, (uint64_t)i);
+    i2s_ternarize(w, n, p->owned, &p->d);
+    free(w);
     p->packed = p->owned;
     return ML_OK;
 }
@@ -385,6 +393,29 @@ static int tensors(loader *L) {
     const int32_t rows[N_PROJ] = {qd, kvd, kvd, e->dim, e->ff, e->ff, e->dim};
     const int32_t cols[N_PROJ] = {e->dim, e->dim, e->dim, qd, e->dim, e->dim, e->ff};
     char name[96];
+    /* The file's own reading (any I2_S projection: ternary, else float) and the per-projection
+     * norms: all of them (a student) or none (a teacher). */
+    int any_i2s = 0, n_norm_in = 0, n_proj = e->n_layers * N_PROJ;
+    char missing[96] = "";
+    for (int32_t l = 0; l < e->n_layers; l++)
+        for (int i = 0; i < N_PROJ; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, proj_name[i]);
+            const gguf_tensor *t = gguf_find_tensor(&e->g, name);
+            any_i2s |= t && t->type == GGUF_TYPE_I2_S;
+            snprintf(name, sizeof name, "blk.%d.%s_norm_in.weight", l, proj_name[i]);
+            if (gguf_find_tensor(&e->g, name))
+                n_norm_in++;
+            else if (!missing[0])
+                memcpy(missing, name, sizeof missing);
+        }
+    if (n_norm_in && n_norm_in < n_proj)
+        return fail(L, ML_E_FORMAT, "missing tensor %s: a BitNet GGUF has a per-projection norm for every projection "
+                    "or none", missing);
+    e->norm_in = n_norm_in > 0;
+    if (e->reading == ML_READ_MODEL) e->reading = any_i2s ? ML_READ_TERNARY : ML_READ_FLOAT;
+    if (e->reading == ML_READ_TERNARY && !e->norm_in)
+        return fail(L, ML_E_ARG, "reading ternary needs a BitNet student (per-projection norms); this GGUF is a plain "
+                    "model (a float teacher): read it as float");
 #define NORM(field, fmt, width)                                      \
     do {                                                             \
         snprintf(name, sizeof name, fmt, l);                         \
@@ -395,7 +426,7 @@ static int tensors(loader *L) {
         NORM(attn_norm, "blk.%d.attn_norm.weight", e->dim);
         for (int i = 0; i < N_PROJ; i++) {
             snprintf(name, sizeof name, "blk.%d.%s_norm_in.weight", l, proj_name[i]);
-            if ((rc = norm(L, name, cols[i], &Ly->norm_in[i]))) return rc;
+            if (e->norm_in && (rc = norm(L, name, cols[i], &Ly->norm_in[i]))) return rc;
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, proj_name[i]);
             if ((rc = projection(L, name, rows[i], cols[i], &Ly->p[i]))) return rc;
         }
@@ -412,10 +443,15 @@ static int tensors(loader *L) {
 }
 
 ML_API int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *reason, size_t reason_len) {
+    return ml_embed_load_reading(path, threads, ML_READ_MODEL, out, reason, reason_len);
+}
+
+ML_API int ml_embed_load_reading(const char *path, int32_t threads, int32_t reading, ml_embedder **out, char *reason,
+                                 size_t reason_len) {
     if (out) *out = NULL;
-    if (!path || !out || threads < 0) {
-        ml_reason(reason, reason_len, "%s: invalid argument (path %s, out %s, threads %d)", path ? path : "(null)",
-                  path ? "set" : "NULL", out ? "set" : "NULL", (int)threads);
+    if (!path || !out || threads < 0 || reading < ML_READ_MODEL || reading > ML_READ_TERNARY) {
+        ml_reason(reason, reason_len, "%s: invalid argument (path %s, out %s, threads %d, reading %d)",
+                  path ? path : "(null)", path ? "set" : "NULL", out ? "set" : "NULL", (int)threads, (int)reading);
         return ML_E_ARG;
     }
     ml_embedder *e = calloc(1, sizeof *e);
@@ -423,6 +459,7 @@ ML_API int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, c
         ml_reason(reason, reason_len, "%s: out of memory", path);
         return ML_E_NOMEM;
     }
+    e->reading = reading;
     loader L = {path, reason, reason_len, e, ""};
     int rc = gguf_open(path, &e->g, reason, reason_len);
     if (rc == ML_OK) rc = hparams(&L);
@@ -620,20 +657,48 @@ static void lin_rows(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
-/* y (n, rows) = BitLinear of x (n, cols): RMSNorm(x, norm_in) -> int8 activations -> dot ->
- * epilogue. ML_E_FORMAT if an activation is not finite (the model's values overflowed). */
-static int bitlinear(const ml_embedder *e, scratch *s, const float *x, const float *norm_in, const proj *p, int n,
-                     float *y) {
+/* The float reading: rows [r0, r1) of y = x W^T, x the (f16-rounded, for F16 weights) inputs in
+ * s->xin; tokens in chunks of TOKEN_CHUNK against each weight row, as lin_rows. */
+static void float_rows(void *arg, int64_t r0, int64_t r1) {
+    const lin_job *j = arg;
+    const proj *p = j->p;
+    const i2s_kernel_table *k = j->e->k;
+    size_t cols = (size_t)p->cols, rows = (size_t)p->rows;
+    for (int t0 = 0; t0 < j->n; t0 += TOKEN_CHUNK) {
+        int t1 = j->n - t0 > TOKEN_CHUNK ? t0 + TOKEN_CHUNK : j->n;
+        for (int64_t r = r0; r < r1; r++) {
+            for (int t = t0; t < t1; t++) {
+                const float *x = j->s->xin + (size_t)t * cols;
+                j->y[(size_t)t * rows + (size_t)r] =
+                    p->fmt == W_F16 ? k->dot_f16(p->cols, (const uint16_t *)p->w + (size_t)r * cols, x)
+                                    : k->dot_f32(p->cols, (const float *)p->w + (size_t)r * cols, x);
+            }
+        }
+    }
+}
+
+/* y (n, rows) = one projection of x (n, cols): RMSNorm(x, norm_in) when the model has the
+ * per-projection norms, then the ternary BitLinear (int8 activations -> integer dot ->
+ * epilogue) or the float matmul (inputs rounded to f16 for F16 weights, as llama.cpp's F16
+ * matmul). ML_E_FORMAT if an input is not finite (the model's values overflowed). */
+static int linear(const ml_embedder *e, scratch *s, const float *x, const float *norm_in, const proj *p, int n,
+                  float *y) {
     size_t cols = (size_t)p->cols;
     for (int t = 0; t < n; t++) {
         float *xi = s->xin + (size_t)t * cols;
-        rmsnorm(xi, x + (size_t)t * cols, norm_in, p->cols, e->eps);
+        if (norm_in)
+            rmsnorm(xi, x + (size_t)t * cols, norm_in, p->cols, e->eps);
+        else
+            memcpy(xi, x + (size_t)t * cols, cols * sizeof *xi);
         for (size_t i = 0; i < cols; i++)
             if (!isfinite(xi[i])) return ML_E_FORMAT;
-        s->ascale[t] = e->k->quantize_act(xi, p->cols, s->q8 + (size_t)t * cols, &s->asum[t]);
+        if (p->fmt == W_TERNARY)
+            s->ascale[t] = e->k->quantize_act(xi, p->cols, s->q8 + (size_t)t * cols, &s->asum[t]);
+        else if (p->fmt == W_F16)
+            for (size_t i = 0; i < cols; i++) xi[i] = ml_f16_to_f32(ml_f32_to_f16(xi[i]));
     }
     lin_job j = {e, p, s, n, y};
-    ml_pool_run(e->pool, p->rows, lin_rows, &j);
+    ml_pool_run(e->pool, p->rows, p->fmt == W_TERNARY ? lin_rows : float_rows, &j);
     return ML_OK;
 }
 
@@ -643,17 +708,6 @@ typedef struct {
     scratch *s;
     int n, sliding;
 } attn_job;
-
-/* q . k over a head in eight running sums (element c into sum c % 8, then pairwise), as a SIMD
- * dot of eight lanes; a fixed order whatever the threads. */
-static float dot_f32(const float *restrict a, const float *restrict b, int n) {
-    float acc[8] = {0};
-    int c = 0;
-    for (; c + 8 <= n; c += 8)
-        for (int j = 0; j < 8; j++) acc[j] += a[c + j] * b[c + j];
-    for (; c < n; c++) acc[c % 8] += a[c] * b[c];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
 
 static void attn_heads(void *arg, int64_t h0, int64_t h1) {
     const attn_job *j = arg;
@@ -673,7 +727,8 @@ static void attn_heads(void *arg, int64_t h0, int64_t h1) {
                     sc[t] = 0;
                     continue;
                 }
-                sc[t] = dot_f32(q, s->k + (size_t)t * kvd + kvo, hd) * e->attn_scale;
+                /* q . k: the table's dot_f32, eight running sums in a fixed order on every ISA */
+                sc[t] = e->k->dot_f32(hd, s->k + (size_t)t * kvd + kvo, q) * e->attn_scale;
                 mx = sc[t] > mx ? sc[t] : mx;
             }
             for (int t = j0; t <= i; t++) sc[t] = expf(sc[t] - mx);
@@ -699,9 +754,9 @@ static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) 
     size_t D = (size_t)e->dim, N = (size_t)n, hd = (size_t)e->hd;
     int nh = e->n_heads, nkv = e->n_kv;
     for (size_t t = 0; t < N; t++) rmsnorm(s->h + t * D, s->x + t * D, Ly->attn_norm, e->dim, e->eps);
-    if ((rc = bitlinear(e, s, s->h, Ly->norm_in[P_Q], &Ly->p[P_Q], n, s->q)) ||
-        (rc = bitlinear(e, s, s->h, Ly->norm_in[P_K], &Ly->p[P_K], n, s->k)) ||
-        (rc = bitlinear(e, s, s->h, Ly->norm_in[P_V], &Ly->p[P_V], n, s->v)))
+    if ((rc = linear(e, s, s->h, Ly->norm_in[P_Q], &Ly->p[P_Q], n, s->q)) ||
+        (rc = linear(e, s, s->h, Ly->norm_in[P_K], &Ly->p[P_K], n, s->k)) ||
+        (rc = linear(e, s, s->h, Ly->norm_in[P_V], &Ly->p[P_V], n, s->v)))
         return rc;
     const float *c = Ly->sliding ? s->cos1 : s->cos0, *sn = Ly->sliding ? s->sin1 : s->sin0;
     for (size_t t = 0; t < N; t++) {
@@ -719,17 +774,17 @@ static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) 
     }
     attn_job aj = {e, s, n, Ly->sliding};
     ml_pool_run(e->pool, nh, attn_heads, &aj);
-    if ((rc = bitlinear(e, s, s->att, Ly->norm_in[P_O], &Ly->p[P_O], n, s->y))) return rc;
+    if ((rc = linear(e, s, s->att, Ly->norm_in[P_O], &Ly->p[P_O], n, s->y))) return rc;
     if (e->gemma)
         for (size_t t = 0; t < N; t++) rmsnorm(s->y + t * D, s->y + t * D, Ly->post_attn_norm, e->dim, e->eps);
     add_rows(s->x, s->y, N * D);
     for (size_t t = 0; t < N; t++) rmsnorm(s->h + t * D, s->x + t * D, Ly->ffn_norm, e->dim, e->eps);
-    if ((rc = bitlinear(e, s, s->h, Ly->norm_in[P_GATE], &Ly->p[P_GATE], n, s->g)) ||
-        (rc = bitlinear(e, s, s->h, Ly->norm_in[P_UP], &Ly->p[P_UP], n, s->u)))
+    if ((rc = linear(e, s, s->h, Ly->norm_in[P_GATE], &Ly->p[P_GATE], n, s->g)) ||
+        (rc = linear(e, s, s->h, Ly->norm_in[P_UP], &Ly->p[P_UP], n, s->u)))
         return rc;
     size_t nf = N * (size_t)e->ff;
     for (size_t i = 0; i < nf; i++) s->g[i] = (e->gemma ? gelu_tanh(s->g[i]) : silu(s->g[i])) * s->u[i];
-    if ((rc = bitlinear(e, s, s->g, Ly->norm_in[P_DOWN], &Ly->p[P_DOWN], n, s->y))) return rc;
+    if ((rc = linear(e, s, s->g, Ly->norm_in[P_DOWN], &Ly->p[P_DOWN], n, s->y))) return rc;
     if (e->gemma)
         for (size_t t = 0; t < N; t++) rmsnorm(s->y + t * D, s->y + t * D, Ly->post_ffw_norm, e->dim, e->eps);
     add_rows(s->x, s->y, N * D);

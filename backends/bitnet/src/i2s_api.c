@@ -78,13 +78,11 @@ static int shape_ok(size_t rows, size_t cols, size_t *n) {
     return !overflow;
 }
 
-ML_API int ml_i2s_quantize(const float *w, size_t rows, size_t cols, uint8_t *payload) {
-    size_t n;
-    if (w == NULL || payload == NULL || !shape_ok(rows, cols, &n) || !all_finite(w, n)) return ML_E_ARG;
+void i2s_ternarize(const float *w, size_t n, uint8_t *packed, float *d_out) {
     const float m = numpy_abs_mean(w, n);
     const float d = (double)m < 1e-5 ? 1e-5f : m;
     const float s = 1.0f / d;
-    uint8_t *p = payload;
+    uint8_t *p = packed;
     for (size_t b = 0; b < n / I2S_BLOCK; b++, w += I2S_BLOCK, p += I2S_BLOCK_BYTES) {
         uint8_t c[I2S_BLOCK];
         for (int k = 0; k < I2S_BLOCK; k++) {
@@ -95,8 +93,16 @@ ML_API int ml_i2s_quantize(const float *w, size_t rows, size_t cols, uint8_t *pa
         for (int j = 0; j < 32; j++)
             p[j] = (uint8_t)(c[j] << 6 | c[j + 32] << 4 | c[j + 64] << 2 | c[j + 96]);
     }
-    memcpy(p, &d, sizeof d); /* little endian on every target of this library */
-    memset(p + sizeof d, 0, I2S_TAIL - sizeof d);
+    *d_out = d;
+}
+
+ML_API int ml_i2s_quantize(const float *w, size_t rows, size_t cols, uint8_t *payload) {
+    size_t n;
+    if (w == NULL || payload == NULL || !shape_ok(rows, cols, &n) || !all_finite(w, n)) return ML_E_ARG;
+    float d;
+    i2s_ternarize(w, n, payload, &d);
+    memcpy(payload + n / 4, &d, sizeof d); /* little endian on every target of this library */
+    memset(payload + n / 4 + sizeof d, 0, I2S_TAIL - sizeof d);
     return ML_OK;
 }
 

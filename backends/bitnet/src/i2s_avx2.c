@@ -208,10 +208,42 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
     _mm_storeu_si128((__m128i *)out, hsum8x4(acc0, acc1, acc2, acc3));
 }
 
+/* Float dots: lane j of one __m256 is the twin's running sum j (element k of each group of 8 in
+ * lane k % 8), multiply then add (no FMA, as the pragma keeps it), the leftover elements into
+ * their lanes as the twin, then the twin's combination. F16C widens f16 exactly. */
+static float combine8(const float s[8]) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
+
+float ml_f16_to_f32(uint16_t h); /* native/src/f16.c */
+
+static float dot_f16(int n, const uint16_t *w, const float *x) {
+    __m256 acc = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k)));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(wv, _mm256_loadu_ps(x + k)));
+    }
+    float s[8];
+    _mm256_storeu_ps(s, acc);
+    for (; k < n; k++) s[k % 8] += ml_f16_to_f32(w[k]) * x[k];
+    return combine8(s);
+}
+
+static float dot_f32(int n, const float *w, const float *x) {
+    __m256 acc = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n; k += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k)));
+    float s[8];
+    _mm256_storeu_ps(s, acc);
+    for (; k < n; k++) s[k % 8] += w[k] * x[k];
+    return combine8(s);
+}
+
 const i2s_kernel_table i2s_kernels_avx2 = {
     .name = "avx2",
     .quantize_act = quantize_act,
     .dot = dot,
     .dot4 = dot4,
     .dot_rows4 = dot_rows4,
+    .dot_f16 = dot_f16,
+    .dot_f32 = dot_f32,
 };

@@ -37,6 +37,12 @@ typedef struct {
      * activation row: out[t] = dot(n, w + t * (n / 4), x). The matvec path: each activation
      * block is loaded once for the four rows. */
     void (*dot_rows4)(int n, const uint8_t *w, const int8_t *x, int32_t out[4]);
+    /* Float dots of the float reading (F16 / F32 weights) and of attention: sum_k w[k] * x[k]
+     * over n >= 0 values in one fixed order on every ISA: element k goes to running sum k % 8
+     * (product rounded, then added: no FMA), and the eight sums combine as ((s0 + s1) + (s2 + s3))
+     * + ((s4 + s5) + (s6 + s7)). dot_f16 widens the f16 weights exactly first. */
+    float (*dot_f16)(int n, const uint16_t *w, const float *x);
+    float (*dot_f32)(int n, const float *w, const float *x);
 } i2s_kernel_table;
 
 const i2s_kernel_table *i2s_kernels(void);                /* the table in use */

@@ -123,10 +123,46 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
     for (int t = 0; t < 4; t++) out[t] = vaddvq_s32(acc[t]);
 }
 
+/* Float dots: lanes 0..3 and 4..7 of the twin's eight running sums in two float32x4_t, multiply
+ * then add (no FMA: the pragma), leftovers and the combination as the twin. vcvt_f32_f16 widens
+ * f16 exactly. */
+static float combine8(const float s[8]) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
+
+float ml_f16_to_f32(uint16_t h); /* native/src/f16.c */
+
+static float dot_f16(int n, const uint16_t *w, const float *x) {
+    float32x4_t a0 = vdupq_n_f32(0), a1 = vdupq_n_f32(0);
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(w + k));
+        a0 = vaddq_f32(a0, vmulq_f32(vcvt_f32_f16(vget_low_f16(h)), vld1q_f32(x + k)));
+        a1 = vaddq_f32(a1, vmulq_f32(vcvt_high_f32_f16(h), vld1q_f32(x + k + 4)));
+    }
+    float s[8];
+    vst1q_f32(s, a0), vst1q_f32(s + 4, a1);
+    for (; k < n; k++) s[k % 8] += ml_f16_to_f32(w[k]) * x[k];
+    return combine8(s);
+}
+
+static float dot_f32(int n, const float *w, const float *x) {
+    float32x4_t a0 = vdupq_n_f32(0), a1 = vdupq_n_f32(0);
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        a0 = vaddq_f32(a0, vmulq_f32(vld1q_f32(w + k), vld1q_f32(x + k)));
+        a1 = vaddq_f32(a1, vmulq_f32(vld1q_f32(w + k + 4), vld1q_f32(x + k + 4)));
+    }
+    float s[8];
+    vst1q_f32(s, a0), vst1q_f32(s + 4, a1);
+    for (; k < n; k++) s[k % 8] += w[k] * x[k];
+    return combine8(s);
+}
+
 const i2s_kernel_table i2s_kernels_neon = {
     .name = "neon",
     .quantize_act = quantize_act,
     .dot = dot,
     .dot4 = dot4,
     .dot_rows4 = dot_rows4,
+    .dot_f16 = dot_f16,
+    .dot_f32 = dot_f32,
 };

@@ -4,6 +4,9 @@
  * a = (float)(127 / amax) in double (one rounding); t = x * a, one float rounding (no FMA: the
  * pragmas below, and -std=c11 means -ffp-contract=off for gcc); q = round half away from zero
  * (C roundf, exact on floats), clamped to [-128, 127].
+ *
+ * dot_f16 / dot_f32 (the table's comment): eight running sums, element k into sum k % 8, each
+ * product rounded and then added, combined pairwise; f16 weights widened exactly (f16.c).
  */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -53,10 +56,28 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
     for (int t = 0; t < 4; t++) out[t] = dot(n, w + (size_t)t * (size_t)(n / 4), x);
 }
 
+float ml_f16_to_f32(uint16_t h); /* native/src/f16.c */
+
+static float combine8(const float s[8]) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
+
+static float dot_f16(int n, const uint16_t *w, const float *x) {
+    float s[8] = {0};
+    for (int k = 0; k < n; k++) s[k % 8] += ml_f16_to_f32(w[k]) * x[k];
+    return combine8(s);
+}
+
+static float dot_f32(int n, const float *w, const float *x) {
+    float s[8] = {0};
+    for (int k = 0; k < n; k++) s[k % 8] += w[k] * x[k];
+    return combine8(s);
+}
+
 const i2s_kernel_table i2s_kernels_scalar = {
     .name = "scalar",
     .quantize_act = quantize_act,
     .dot = dot,
     .dot4 = dot4,
     .dot_rows4 = dot_rows4,
+    .dot_f16 = dot_f16,
+    .dot_f32 = dot_f32,
 };

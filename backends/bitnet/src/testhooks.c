@@ -7,8 +7,10 @@
  *                   offset n), then int32 sum (byte offset n + 4), both unaligned;
  *   "dot":          a = packed row (n / 4 bytes), b = int8 x[n]; out = int32;
  *   "dot4":         a = packed row, b = four int8 rows x[4][n]; out = int32[4];
- *   "dot_rows4":    a = four packed rows (4 * n / 4 bytes), b = int8 x[n]; out = int32[4].
- * The dots need n a positive multiple of 128. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
+ *   "dot_rows4":    a = four packed rows (4 * n / 4 bytes), b = int8 x[n]; out = int32[4];
+ *   "dot_f16":      a = f16 bits w[n], b = float x[n]; out = float;
+ *   "dot_f32":      a = float w[n], b = float x[n]; out = float.
+ * The integer dots need n a positive multiple of 128, the float dots n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
  * op) or ML_E_UNSUPPORTED (ISA not built or not runnable on this CPU). The ISA in use (ml_isa) is
  * not changed.
  */
@@ -27,6 +29,11 @@ ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const vo
         float scale = t->quantize_act(a, n, out, &sum);
         memcpy((uint8_t *)out + n, &scale, sizeof scale);
         memcpy((uint8_t *)out + n + sizeof scale, &sum, sizeof sum);
+        return ML_OK;
+    }
+    if (b != NULL && (strcmp(op, "dot_f16") == 0 || strcmp(op, "dot_f32") == 0)) {
+        float y = op[5] == '1' ? t->dot_f16(n, a, b) : t->dot_f32(n, a, b);
+        memcpy(out, &y, sizeof y);
         return ML_OK;
     }
     if (b == NULL || n % I2S_BLOCK) return ML_E_ARG;

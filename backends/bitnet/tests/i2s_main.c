@@ -126,6 +126,23 @@ static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
             if ((d0[u] != d1[u] || d0[u] != s->dot(n, w + (size_t)u * (size_t)(n / 4), xs[1])) && bad++ < 10)
                 fprintf(stderr, "%s dot_rows4 n %d row %d: %d vs %d\n", t->name, n, u, d0[u], d1[u]);
         }
+        /* float dots (the float reading, attention): any length 1..MAXN, mixed magnitudes and
+         * signs, f16 weights of any finite bits; the table's fixed order makes them bit-identical */
+        n = (int)(rnd() % MAXN) + 1;
+        static uint16_t wh[MAXN];
+        static float wf[MAXN];
+        for (int k = 0; k < n; k++) {
+            uint16_t h;
+            do h = (uint16_t)rnd(); while ((h & 0x7c00u) == 0x7c00u);
+            wh[k] = h;
+            wf[k] = ldexpf(unit() * 2.0f - 1.0f, (int)(rnd() % 30) - 15);
+            x[k] = ldexpf(unit() * 2.0f - 1.0f, (int)(rnd() % 30) - 15);
+        }
+        float f0 = s->dot_f16(n, wh, x), f1 = t->dot_f16(n, wh, x);
+        float g0 = s->dot_f32(n, wf, x), g1 = t->dot_f32(n, wf, x);
+        (*checks) += 2;
+        if (memcmp(&f0, &f1, 4) && bad++ < 10) fprintf(stderr, "%s dot_f16 n %d: %a vs %a\n", t->name, n, f0, f1);
+        if (memcmp(&g0, &g1, 4) && bad++ < 10) fprintf(stderr, "%s dot_f32 n %d: %a vs %a\n", t->name, n, g0, g1);
     }
     return bad;
 }

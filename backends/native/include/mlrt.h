@@ -109,6 +109,17 @@ typedef struct ml_embedder ml_embedder;
  * key or tensor, an unsupported architecture or tensor type, a truncated file, code 3 in I2_S data,
  * a non-finite weight) or ML_E_SHAPE (a tensor shape that does not fit the hyper-parameters). */
 int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *reason, size_t reason_len);
+/* Optional: load in a given reading of the projections. ML_READ_MODEL is the file's own, what
+ * ml_embed_load gives and bitnet.cpp computes: ternary for I2_S, float for f32/f16.
+ * ML_READ_FLOAT: plain matmuls with the stored weights (F16: the inputs rounded to f16 first, as
+ * llama.cpp's F16 matmul; I2_S dequantized). ML_READ_TERNARY: the BitLinear of the latent f32/f16
+ * weights, ternarized at load as ml_i2s_quantize does; it needs the per-projection norms (a
+ * student): ML_E_ARG for a plain (teacher) model. ML_E_ARG for an unknown reading. */
+#define ML_READ_MODEL 0
+#define ML_READ_FLOAT 1
+#define ML_READ_TERNARY 2
+int ml_embed_load_reading(const char *path, int32_t threads, int32_t reading, ml_embedder **out, char *reason,
+                          size_t reason_len);
 void ml_embed_free(ml_embedder *e);
 int32_t ml_embed_dim(const ml_embedder *e);
 int32_t ml_embed_vocab(const ml_embedder *e);
