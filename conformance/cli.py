@@ -453,7 +453,7 @@ def cmd_embed(args) -> int:
     if "embed" not in b.capabilities:
         raise UsageError(f"backend {b.name} has no embed capability")
     try:
-        session = b.open_embedder(args.model)
+        session = b.open_embedder(args.model, args.reading) if args.reading else b.open_embedder(args.model)
         try:
             vec = np.asarray(session.embed(tokens, args.pooling, args.normalize), dtype=np.float32)
         finally:
@@ -463,7 +463,7 @@ def cmd_embed(args) -> int:
     if args.json:
         print(json.dumps({"model": str(args.model), "backend": b.name, "tokens": [int(t) for t in tokens],
                           "pooling": args.pooling, "normalize": bool(args.normalize),
-                          "embedding": [float(v) for v in vec]}))
+                          "reading": args.reading, "embedding": [float(v) for v in vec]}))
     else:
         print(" ".join(str(v) for v in vec))   # np.float32: shortest text that reads back exactly
     return 0
@@ -636,8 +636,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=["mean", "cls", "last"],
                    help="default: the GGUF's pooling_type, else mean")
     p.add_argument("--normalize", action="store_true", help="divide by the L2 norm")
+    p.add_argument("--reading", choices=["float", "ternary"],
+                   help="how the projections are read (default: the file's own, as bitnet.cpp: ternary "
+                   "for I2_S, float for f32/f16); ternary reads the latent f32/f16 weights of a BitNet "
+                   "student as BitLinear")
     p.add_argument("--json", action="store_true",
-                   help='print {"model", "backend", "tokens", "pooling", "normalize", "embedding"}')
+                   help='print {"model", "backend", "tokens", "pooling", "normalize", "reading", '
+                   '"embedding"}')
     p.set_defaults(fn=cmd_embed)
 
     p = sub.add_parser("convert-tokenizer", add_help=False,

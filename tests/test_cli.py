@@ -281,12 +281,35 @@ def test_embed_json_pooling_normalize():
                "--json", "-b", "reference")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc) == {"model", "backend", "tokens", "pooling", "normalize", "embedding"}
+    assert set(doc) == {"model", "backend", "tokens", "pooling", "normalize", "reading", "embedding"}
     assert doc["backend"] == "reference" and doc["tokens"] == toks and doc["pooling"] == "cls"
     assert doc["normalize"] is True and doc["model"] == str(path)
     vec = np.array(doc["embedding"], dtype=np.float32)
     assert vec.shape == g["cls_norm_2"].shape and abs(np.linalg.norm(vec) - 1) < 1e-5
     np.testing.assert_allclose(vec, g["cls_norm_2"], rtol=0, atol=1e-5)
+
+
+def test_embed_reading_option():
+    """--reading ternary reads the f16 student's latent weights as BitLinear (its golden's ternary_*
+    arrays); the default is its float reading; a teacher refuses the ternary one in one line."""
+    pytest.importorskip("gguf")
+    path, g = _bitnet_golden("qwen3_f16")
+    toks = ",".join(map(str, g["tokens_2"]))
+    for extra, key in (([], "mean_2"), (["--reading", "ternary"], "ternary_mean_2"),
+                       (["--reading", "float"], "mean_2")):
+        for backend in ("reference", "bitnet"):
+            r = mlconf("embed", path, "--tokens", toks, "--pooling", "mean", "--json", "-b", backend, *extra)
+            assert r.returncode == 0, r.stderr
+            vec = np.array(json.loads(r.stdout)["embedding"], dtype=np.float32)
+            np.testing.assert_allclose(vec, g[key], rtol=0, atol=0.02, err_msg=f"{backend} {extra}")
+    a = mlconf("embed", path, "--tokens", toks, "--pooling", "mean")
+    b = mlconf("embed", path, "--tokens", toks, "--pooling", "mean", "--reading", "ternary")
+    assert a.stdout != b.stdout
+    teacher, _ = _bitnet_golden("qwen3_teacher_f16")
+    for backend in ("reference", "bitnet"):
+        r = mlconf("embed", teacher, "--tokens", "1,2,3", "--reading", "ternary", "-b", backend)
+        assert r.returncode == 1 and "reading ternary needs a BitNet student" in r.stderr, (backend, r.stderr)
+        no_traceback(r)
 
 
 def test_embed_text_uses_the_gguf_tokenizer_and_appends_eos():
