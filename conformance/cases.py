@@ -220,6 +220,18 @@ def _i2s_spec_cases() -> list[Case]:
             out.append(Case(f"bitnet/i2s_act/{name}", "bitnet", "i2s", spec, "bit-exact",
                             {"op": "act", "x": x}, expected))
     for e in edge:
+        if e["op"] != "dot":
+            continue
+        name, exp, cols = e["name"], e["expect"], int(e["cols"])
+        codes = np.array([int(v) for v in block_values(e["codes"], cols)], dtype=np.uint8)
+        payload = i2s_payload_bytes(pack_codes(codes), _value(e["d"]))
+        x = np.array(block_values(e["x"], cols), dtype=np.float32).reshape(1, -1)
+        y = np.array([_value(exp["y"])], dtype="<f4").tobytes()
+        out.append(Case(f"bitnet/i2s_matmul/{name}", "bitnet", "i2s", f"i2s.yaml#edge_cases.{name}",
+                        "bit-exact", {"op": "matmul", "payload": payload, "shape": (1, cols), "x": x,
+                         "note": f"sumi {exp['sumi']} (bitnet.cpp's AVX2 dot: {exp['bitnet_cpp_sumi']}), "
+                                 f"act_sum {exp['act_sum']}"}, y))
+    for e in edge:
         if e["op"] != "bitlinear":
             continue
         name, exp = e["name"], e["expect"]

@@ -374,71 +374,20 @@ def cmd_decode(args) -> int:
     return 0
 
 
-# GGUF tokenizer.ggml.pre -> the .mlt pre-tokenizer flags of the reference encoder (llama.cpp's
-# regex for that name; decision cli.embed_text). Other names are refused.
-GGUF_PRE_FLAGS = {"gpt2": 32, "gpt-2": 32, "llama-bpe": 0, "llama3": 0, "qwen2": 16}
-
-
 def gguf_text_ids(path: str, text: str) -> np.ndarray:
-    """Token ids of ``text`` with the GGUF's own gpt2-type BPE (tokenizer.ggml.tokens, token_type,
-    merges, pre), encoded by the reference byte-level encoder; BOS first when add_bos_token and
-    EOS last when add_eos_token is true (as llama.cpp tokenizes with add_special)."""
+    """`mlconf embed --text`: the ids of text in the GGUF's own vocabulary (reference/gguf_vocab.py:
+    Qwen3's byte-level BPE, Gemma 3's SentencePiece), BOS / EOS as the GGUF says."""
     try:
-        import gguf
+        import gguf  # noqa: F401
     except ImportError:
         raise UsageError("--text reads the GGUF's tokenizer with gguf-py: pip install gguf, "
                          "or give --tokens") from None
-    from mlconf.backends.reference.tokenizer import Encoder
-    from mlconf.tools import mlt
-    from mlconf.tools.convert_bitnet import register_i2s
-    from mlconf.tools.convert_tokenizer import CHAR_TO_BYTE
+    from mlconf.backends.reference import gguf_vocab
 
-    register_i2s()   # gguf-py learns the I2_S tensor type (36), else it refuses the file
     try:
-        r = gguf.GGUFReader(path)
-    except OSError:
-        raise
-    except Exception as e:  # gguf-py raises ValueError, struct.error, ... on a damaged file
-        raise UsageError(f"{path}: not a readable GGUF ({type(e).__name__}: {e})") from None
-
-    def get(key, default=None):
-        f = r.fields.get(f"tokenizer.ggml.{key}")
-        return default if f is None else f.contents()
-
-    model, pre = get("model"), get("pre", "default")
-    if model != "gpt2":
-        raise UsageError(f"{path}: tokenizer.ggml.model {model!r}: --text supports gpt2-type (byte-level "
-                         "BPE) vocabularies only; give --tokens")
-    if pre not in GGUF_PRE_FLAGS:
-        raise UsageError(f"{path}: tokenizer.ggml.pre {pre!r} has no pre-tokenizer here (known: "
-                         f"{', '.join(GGUF_PRE_FLAGS)}); give --tokens (e.g. from `mlconf encode`)")
-    pieces, types = get("tokens", []), get("token_type", [])
-    if len(types) != len(pieces):
-        raise UsageError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for "
-                         f"{len(pieces)} tokens")
-    tokens = []
-    for piece, typ in zip(pieces, types, strict=True):
-        if int(typ) in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED):
-            tokens.append((mlt.ATTR_ADDED, piece.encode("utf-8")))
-        else:   # byte-level spelling -> bytes (an unused [PADn] keeps its characters' bytes)
-            tokens.append((mlt.ATTR_PLAIN, bytes(CHAR_TO_BYTE.get(c, 0) for c in piece)))
-    ids = {p: i for i, p in reversed(list(enumerate(pieces)))}
-    merges = []
-    for rank, m in enumerate(get("merges", [])):
-        left, _, right = m.partition(" ")
-        if left not in ids or right not in ids or left + right not in ids:
-            raise UsageError(f"{path}: tokenizer.ggml.merges[{rank}] {m!r} names a piece not in the "
-                             "vocabulary")
-        merges.append((ids[left], ids[right], ids[left + right]))
-    out = Encoder(mlt.Tokenizer(kind=mlt.KIND_BYTE_LEVEL, flags=GGUF_PRE_FLAGS[pre], tokens=tokens,
-                                merges=merges)).encode(text)
-    for key, first in (("bos", True), ("eos", False)):
-        if get(f"add_{key}_token", False):
-            tid = get(f"{key}_token_id")
-            if tid is None:
-                raise UsageError(f"{path}: tokenizer.ggml.add_{key}_token is true but {key}_token_id "
-                                 "is absent")
-            out = [int(tid)] + out if first else out + [int(tid)]
+        out = gguf_vocab.encode(gguf_vocab.read(path), text)
+    except gguf_vocab.VocabError as e:
+        raise UsageError(str(e)) from None
     if not out:
         raise UsageError("--text: the text gives no tokens")
     return np.array(out, dtype=np.int64)
@@ -630,7 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.gguf")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens", help="comma-separated token ids, used as given")
-    g.add_argument("--text", help="tokenized with the GGUF's own vocabulary and merges (gpt2-type BPE), "
+    g.add_argument("--text", help="tokenized with the GGUF's own vocabulary as llama.cpp does (gpt2: byte-level "
+                   "BPE; llama: SentencePiece scores), "
                    "with BOS/EOS when the GGUF's add_bos_token/add_eos_token say so")
     p.add_argument("-b", "--backend", default="reference")
     p.add_argument("--pooling", choices=["mean", "cls", "last"],

@@ -340,6 +340,19 @@ def test_float_dots_follow_the_table_order(lib, isa, seed):
             assert out.view(F32)[0].tobytes() == want.tobytes(), f"{isa} {op} n {n}"
 
 
+def test_saturated_row_spec_case(lib, isa):
+    """specs/i2s.yaml saturated_row_sums_exactly on every ISA: exact sums where bitnet.cpp's AVX2
+    int16 lanes wrap (decision i2s.int16_wrap)."""
+    case = next(c for c in SPEC["edge_cases"] if c["name"] == "saturated_row_sums_exactly")
+    n = int(case["cols"])
+    packed = i2s.pack(_vec(case["codes"], np.int64, n).astype(np.int8) - 1)
+    xq = np.tile(_vec(case["expect"]["xq"], np.int64, n).astype(np.int8), (4, 1))
+    want = case["expect"]["sumi"]
+    assert lib.dot(isa, "dot", n, packed, xq[0])[0] == want
+    assert lib.dot(isa, "dot4", n, packed, xq).tolist() == [want] * 4
+    assert lib.dot(isa, "dot_rows4", n, np.tile(packed, 4), xq[0]).tolist() == [want] * 4
+
+
 def test_dot_extremes_are_exact(lib, isa):
     """Code 3 everywhere against -128 everywhere: the largest |sum| (int16 stages must not saturate)."""
     n = 4096
@@ -354,8 +367,8 @@ def _num(v) -> float:
     return float.fromhex(v) if isinstance(v, str) else float(v)
 
 
-def _vec(spec: dict, dtype) -> np.ndarray:
-    out = np.full(128, _num(spec["fill"]), dtype=dtype)
+def _vec(spec: dict, dtype, n: int = 128) -> np.ndarray:
+    out = np.full(n, _num(spec["fill"]), dtype=dtype)
     for i, v in (spec.get("at") or {}).items():
         out[int(i)] = _num(v)
     return out

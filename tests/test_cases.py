@@ -66,7 +66,7 @@ def _bitnet_kind(kind: str) -> list:
 
 def test_bitnet_i2s_case_counts():
     edge = specs.load("i2s")["edge_cases"]
-    n_op = {op: sum(e["op"] == op for e in edge) for op in ("ternarize", "activations", "bitlinear")}
+    n_op = {op: sum(e["op"] == op for e in edge) for op in ("ternarize", "activations", "bitlinear", "dot")}
     pack, act, matmul = _bitnet_kind("i2s_pack"), _bitnet_kind("i2s_act"), _bitnet_kind("i2s_matmul")
     n_random = len(cases.I2S_RANDOM)
     assert (cases.BITNET_DIR / "i2s_edge.npz").exists()
@@ -75,7 +75,7 @@ def test_bitnet_i2s_case_counts():
     assert n_golden and len([c for c in pack if "/golden/" in c.id]) == n_golden
     assert len(pack) == n_op["ternarize"] + n_golden + len(cases.I2S_REFUSED) + n_random
     assert len(act) == n_op["activations"] + 1 + n_random
-    assert len(matmul) == n_op["bitlinear"] + 2 + n_random
+    assert n_op["dot"] >= 1 and len(matmul) == n_op["bitlinear"] + n_op["dot"] + 2 + n_random
     refused = {c.id.rsplit("/", 1)[1] for c in pack if c.compare == "refused"}
     assert refused == {"cols_64", "cols_130", "nan_weight"}
     assert {c.id for c in matmul if c.compare == "refused"} >= {"bitnet/i2s_matmul/refused/code3"}

@@ -21,8 +21,8 @@ def _num(v: object) -> float:
     return float.fromhex(v) if isinstance(v, str) else float(v)
 
 
-def _vec(spec: dict, dtype: type) -> np.ndarray:
-    out = np.full(128, _num(spec["fill"]), dtype=dtype)
+def _vec(spec: dict, dtype: type, n: int = 128) -> np.ndarray:
+    out = np.full(n, _num(spec["fill"]), dtype=dtype)
     for i, v in spec.get("at", {}).items():
         out[int(i)] = _num(v)
     return out
@@ -62,6 +62,27 @@ def test_spec_bitlinear() -> None:
     assert sumi[0, 0] == case["expect"]["sumi"] and act_sum[0] == case["expect"]["act_sum"]
     y = i2s.bitlinear(x.reshape(1, -1), i2s.payload(w), (1, 128))
     assert y.dtype == np.float32 and y[0, 0] == case["expect"]["y"]
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c["op"] == "dot"])
+def test_spec_dot_sums_exactly(name: str) -> None:
+    """A row where bitnet.cpp's AVX2 int16 lanes wrap: the reference's sums are the exact ones."""
+    case, exp = CASES[name], CASES[name]["expect"]
+    cols = int(case["cols"])
+    codes = _vec(case["codes"], np.int64, cols)
+    q = (codes - 1).astype(np.int8)
+    x = _vec(case["x"], np.float32, cols)
+    xq, s = i2s.quantize_activations(x)
+    np.testing.assert_array_equal(xq[0], _vec(exp["xq"], np.int64, cols))
+    sumi, act_sum = i2s.int_dot(i2s.pack(q), 1, cols, xq)
+    assert sumi[0, 0] == exp["sumi"] == int((codes * xq[0]).sum()) and act_sum[0] == exp["act_sum"]
+    assert exp["bitnet_cpp_sumi"] != exp["sumi"]
+    # the wrap the case documents: 16 int16 lanes, each the sum of 256 products 2 * 127, wrapped
+    lane = 256 * 2 * 127
+    assert 16 * ((lane + 2**15) % 2**16 - 2**15) == exp["bitnet_cpp_sumi"]
+    payload = i2s.pack(q).tobytes() + np.array([_num(case["d"])], "<f4").tobytes() + bytes(28)
+    y = i2s.bitlinear(x.reshape(1, -1), payload, (1, cols))
+    assert y[0, 0] == exp["y"]
 
 
 def test_spec_decisions_have_fields() -> None:

