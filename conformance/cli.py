@@ -579,9 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.gguf")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens", help="comma-separated token ids, used as given")
-    g.add_argument("--text", help="tokenized with the GGUF's own vocabulary as llama.cpp does (gpt2: byte-level "
-                   "BPE; llama: SentencePiece scores), "
-                   "with BOS/EOS when the GGUF's add_bos_token/add_eos_token say so")
+    g.add_argument("--text", help="tokenized with the GGUF's own vocabulary as llama.cpp does (gpt2: "
+                   "byte-level BPE; llama: SentencePiece scores), with BOS/EOS when the GGUF's "
+                   "add_bos_token/add_eos_token say so")
     p.add_argument("-b", "--backend", default="reference")
     p.add_argument("--pooling", choices=["mean", "cls", "last"],
                    help="default: the GGUF's pooling_type, else mean")
