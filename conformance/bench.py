@@ -508,11 +508,20 @@ def native_report(out: str | Path | None = None) -> str:
     return text
 
 
-# ---------------------------------------------------------------- bitnet (issue 6)
-# Qwen3-0.6B's shape (issue 6's embedding bench); vocab cut to 1024: an embedding costs one row
-# lookup per token, so the vocabulary does not change embeddings/s, only the file size.
-QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                 head_dim=128, intermediate_size=3072, vocab_size=1024, max_position_embeddings=512)
+# ---------------------------------------------------------------- bitnet (issues 6, 13)
+# The two released shapes (seed 004 section 2) with their real vocabularies: prefill cost does not
+# depend on the vocabulary (one row lookup per token), the files' size does.
+BITNET_SHAPES: dict[str, tuple[str, dict]] = {
+    "Qwen3-0.6B": ("qwen3", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                                 num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                                 vocab_size=151936, max_position_embeddings=4096)),
+    "Gemma3-270M": ("gemma3_text", dict(
+        hidden_size=640, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        intermediate_size=2048, vocab_size=262144, max_position_embeddings=4096, query_pre_attn_scalar=256,
+        sliding_window=512, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3)),
+}
+# seed 004 section 7: llama-bench -p 128,256,512,1024,2048
+PREFILL_SEQS = (128, 256, 512, 1024, 2048)
 # 4096 x 4096: issue 6's shape (every format of it fits this machine's 32 MB L3); 11008 x 4096:
 # Q8_0 (48 MB) no longer fits, I2_S (11 MB) does.
 I2S_MATVEC_SHAPES = ((4096, 4096), (11008, 4096))
@@ -563,57 +572,118 @@ def bitnet_matvec_bench(isas: tuple[str, ...] = ("scalar", "avx2", "neon"), thre
     return bw, rows
 
 
-def write_bitnet_bench_model(folder: str | Path, seed: int = 0) -> Path:
-    """A Qwen3-0.6B-shaped BitNet embedding model with random weights (tools/bitnet_models.py),
-    converted to I2_S GGUF by tools/convert_bitnet.py; returns the .gguf (about 110 MB; the
-    checkpoint in between, 1.8 GB, is deleted)."""
+def write_bitnet_bench_models(folder: str | Path, shape: str, seed: int = 0) -> dict[str, Path]:
+    """The GGUFs of one BITNET_SHAPES shape with random weights (tools/bitnet_models.py, converted
+    by tools/convert_bitnet.py): {"F16 teacher": the plain model in f16 with F32 norms (stock
+    llama.cpp cannot multiply by F16 norms; both runtimes read this one file), "I2_S student":
+    the BitNet model (per-projection norms) in i2_s}. The checkpoints in between are deleted."""
     import shutil
 
     from mlconf.tools import bitnet_models
     from mlconf.tools.convert_bitnet import convert
 
+    flavor, kw = BITNET_SHAPES[shape]
     folder = Path(folder)
-    ck = bitnet_models.build("qwen3", folder / "ckpt", seed=seed, **QWEN3_06B)
-    out = folder / "qwen3_0.6b_shape_i2s.gguf"
-    convert(ck, out, "i2_s")
-    shutil.rmtree(ck)
+    out = {}
+    for label, teacher, outtype in (("F16 teacher", True, "f16"), ("I2_S student", False, "i2_s")):
+        ck = bitnet_models.build(flavor, folder / "ckpt", seed=seed, teacher=teacher, **kw)
+        out[label] = folder / f"{shape}-{outtype}.gguf"
+        convert(ck, out[label], outtype, f32_norms=teacher)
+        shutil.rmtree(ck)
     return out
 
 
-def bitnet_embed_bench(gguf_path: str | Path, seq: int = 128, threads: tuple[int, ...] = (1, 2),
-                       repeat: int = 3) -> list[dict]:
-    """Embeddings/s of the bitnet runtime called in this process (ml_embed_load, ml_embed: mean
-    pooling, normalized) on ``seq`` tokens, best of ``repeat`` after one warm-up call."""
+def _projection_params(shape: str) -> int:
+    """Weights of the seven projections of every layer (what a token's matmuls read)."""
+    _, kw = BITNET_SHAPES[shape]
+    d, hd = kw["hidden_size"], kw["head_dim"]
+    q, kv = kw["num_attention_heads"] * hd, kw["num_key_value_heads"] * hd
+    return kw["num_hidden_layers"] * (d * q + 2 * d * kv + q * d + 3 * d * kw["intermediate_size"])
+
+
+def bitnet_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -> float:
+    """Seconds of one embedding of ``seq`` tokens by the bitnet runtime in this process (ml_embed:
+    every token through every layer, mean pooling, normalized), best of ``repeat`` after a warm-up."""
     ffi, lib = _bitnet_lib()
-    toks = ffi.new("int32_t[]", [(7 * i + 3) % 1024 for i in range(seq)])
-    out = []
-    for th in threads:
-        pp = ffi.new("ml_embedder **")
-        reason = ffi.new("char[]", 1024)
-        st = lib.ml_embed_load(str(gguf_path).encode(), th, pp, reason, 1024)
-        if st != 0:
-            raise RuntimeError(f"{gguf_path}: ml_embed_load: {ffi.string(reason).decode()}")
-        e = pp[0]
-        try:
-            vec = ffi.new("float[]", lib.ml_embed_dim(e))
-            lib.ml_embed(e, toks, seq, 1, 1, vec)
-            best = _best(lambda e=e, vec=vec: lib.ml_embed(e, toks, seq, 1, 1, vec), repeat)
-        finally:
-            lib.ml_embed_free(e)
-        out.append({"model": "Qwen3-0.6B shape, I2_S", "seq": seq, "isa": ffi.string(lib.ml_isa()).decode(),
-                    "threads": th, "s_per_embedding": best, "embeddings_s": 1 / best, "tokens_s": seq / best})
-    return out
+    pp = ffi.new("ml_embedder **")
+    reason = ffi.new("char[]", 1024)
+    if lib.ml_embed_load(str(gguf_path).encode(), threads, pp, reason, 1024) != 0:
+        raise RuntimeError(f"{gguf_path}: ml_embed_load: {ffi.string(reason).decode()}")
+    e = pp[0]
+    try:
+        toks = ffi.new("int32_t[]", [(7919 * i + 3) % lib.ml_embed_vocab(e) for i in range(seq)])
+        vec = ffi.new("float[]", lib.ml_embed_dim(e))
+        lib.ml_embed(e, toks, min(seq, 16), 1, 1, vec)   # warm-up: weights faulted in, threads started
+        return _best(lambda: lib.ml_embed(e, toks, seq, 1, 1, vec), repeat)
+    finally:
+        lib.ml_embed_free(e)
 
 
-def bitnet_report(out: str | Path | None = None, workdir: str | None = None) -> str:
-    """The bitnet benchmark as Markdown: I2_S matvec against native Q8_0/Q4_0 and the read
-    bandwidth, and embeddings/s of the Qwen3-0.6B-shaped model; also written to ``out``."""
-    import platform
+def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -> float:
+    """Seconds of llama.cpp's prefill of ``seq`` tokens (one eval, logits of the last position
+    only: what llama-bench -p measures), best of ``repeat`` after a warm-up eval."""
+    llm = _llama(gguf_path, seq, seq, threads, False)
+    try:
+        toks = [(7919 * i + 3) % llm.n_vocab() for i in range(seq)]
+        llm.eval(toks[:1])
+
+        def run():
+            llm.reset()
+            llm.eval(toks)
+        return _best(run, repeat)
+    finally:
+        llm.close()
+
+
+def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SEQS, threads=(1, 2),
+                         workdir: str | None = None) -> list[dict]:
+    """Seed 004 section 7's benchmark on this machine: prefill tokens/s at each length of the F16
+    teacher and the I2_S student on the bitnet runtime, and of llama.cpp on the same F16 teacher
+    GGUF (when the `bench` extra is installed), per thread count; with the projections' GOPS
+    (2 x weights x tokens / s) and weight GB/s (each weight read once per pass) against the
+    measured read bandwidth ``bw``, I2_S over F16, and mlconf over llama.cpp."""
     import tempfile
 
+    rows = []
+    have_llama = llama_cpp_version() is not None
+    for shape in shapes:
+        with tempfile.TemporaryDirectory(prefix="mlconf-bench-", dir=workdir) as tmp:
+            files = write_bitnet_bench_models(tmp, shape)
+            params = _projection_params(shape)
+            for th in threads:
+                for seq in seqs:
+                    rep = 2 if seq <= 512 else 1
+                    t = {"F16 teacher": bitnet_prefill(files["F16 teacher"], seq, th, rep),
+                         "I2_S student": bitnet_prefill(files["I2_S student"], seq, th, rep)}
+                    if have_llama:
+                        t["llama.cpp F16 teacher"] = llama_cpp_prefill(files["F16 teacher"], seq, th, rep)
+                    for label, sec in t.items():
+                        wbytes = params * (2 if "F16" in label else 0.25)
+                        row = {"model": f"{shape} {label}",
+                               "backend": "llama.cpp" if "llama" in label else "bitnet",
+                               "threads": th, "tokens": seq, "tokens_s": seq / sec,
+                               "GOPS": 2 * params * seq / sec / 1e9, "weight_GB_s": wbytes / sec / 1e9,
+                               "of_read_bw": wbytes / sec / 1e9 / bw}
+                        if label == "I2_S student":
+                            row["vs_F16_teacher"] = t["F16 teacher"] / sec
+                            if have_llama:
+                                row["vs_llama.cpp_F16"] = t["llama.cpp F16 teacher"] / sec
+                        rows.append(row)
+    return rows
+
+
+def bitnet_report(out: str | Path | None = None, workdir: str | None = None, shapes=tuple(BITNET_SHAPES),
+                  seqs=PREFILL_SEQS) -> str:
+    """The bitnet benchmark as Markdown: I2_S matvec against native Q8_0/Q4_0 and the read
+    bandwidth, and seed 004's prefill benchmark (bitnet_prefill_bench); also written to ``out``."""
+    import platform
+
     bw, mrows = bitnet_matvec_bench()
-    with tempfile.TemporaryDirectory(prefix="mlconf-bench-", dir=workdir) as tmp:
-        erows = bitnet_embed_bench(write_bitnet_bench_model(tmp))
+    prows = bitnet_prefill_bench(bw, shapes, seqs, workdir=workdir)
+    version = llama_cpp_version()
+    llama_note = (f"llama.cpp: llama-cpp-python {version}, built with {llama_cpp_isa()}; its prefill is "
+                  "one eval of the tokens with the logits of the last position only, as `llama-bench -p` "
+                  "measures." if version else "llama.cpp: not measured (the `bench` extra is not installed).")
     text = "\n".join([
         "# mlconf bench: bitnet runtime", "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores. Read bandwidth (C kernel, 512 MB, "
@@ -625,8 +695,14 @@ def bitnet_report(out: str | Path | None = None, workdir: str | None = None) -> 
         "weights). `cached`: the same matrix again at once (in L3 when it fits); `cold`: the caches "
         "flushed before each product, as in a forward pass. I2_S includes the int8 quantization of "
         "the input row; the Q8_0/Q4_0 rows start from quantized activations.", "",
-        "## Embeddings of a Qwen3-0.6B-shaped BitNet model (random weights, 128 tokens)", "",
-        tabulate(erows, headers="keys", tablefmt="github", floatfmt=".4g"), ""])
+        "## Embedding prefill (seed 004 section 7): F16 teacher, I2_S student, llama.cpp", "",
+        tabulate(prows, headers="keys", tablefmt="github", floatfmt=".4g"), "",
+        "Random weights, the real shapes and vocabularies. bitnet: the runtime called in this process "
+        "(ml_embed: every token through every layer, pooled and normalized), its own reading of each "
+        "file (F16: float matmuls; I2_S: ternary). " + llama_note + " GOPS counts the seven "
+        "projections' multiply-adds (2 x weights x tokens); weight_GB_s their bytes (F16: 2 per "
+        "weight; I2_S: 1/4) over the time, of_read_bw against the read bandwidth above. Best of 2 up "
+        "to 512 tokens, one run above.", ""])
     if out is not None:
         from mlconf.tools.mlb import atomic_write
         Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -206,9 +206,9 @@ def upstream_convert(folder: Path, outtype: str, out: Path) -> None:
                 linear = data.ndim == 2 and not is_norm and not is_embed
                 if outtype == "i2_s" and linear:
                     packed = np.frombuffer(converter_quantize_to_i2_s(data), np.uint8)
-                    # upstream: add_tensor(raw_shape=(rows, cols)) with BitNet's gguf-py, which sizes
-                    # I2_S as 1 value per byte; with gguf-py 0.19 and register_i2s (4 values per
-                    # byte) the same tensor dims come from the byte shape (rows, cols / 4)
+                    # upstream: add_tensor(raw_shape=(rows, cols)), which BitNet's (older) gguf-py
+                    # records as given; gguf-py 0.19 reads a uint8 tensor's raw_shape as a byte
+                    # shape (I2_S: 4 values per byte), so the same dims come from (rows, cols / 4)
                     rows, cols = data.shape
                     w.add_tensor(
                         g, packed, raw_shape=(rows, cols // 4), raw_dtype=gguf.GGMLQuantizationType(36)

@@ -387,9 +387,12 @@ def add_tokenizer(w, folder: Path, arch: BitnetArch, n_vocab: int) -> dict[str, 
 
 
 # ---------------------------------------------------------------- convert
-def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16") -> dict:
+def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16",
+            f32_norms: bool = False) -> dict:
     """Write the GGUF of the checkpoint folder ``ckpt`` to ``out``; returns a summary (arch,
-    outtype, hyperparameters, pooling, tensor count). Raises ConvertError; no partial file."""
+    outtype, hyperparameters, pooling, tensor count). Raises ConvertError; no partial file.
+    ``f32_norms``: every 1-D tensor in F32 whatever the outtype, as llama.cpp's own converters
+    write them (stock llama.cpp cannot multiply by F16 norms; bitnet.cpp's fork added that)."""
     import gguf
 
     folder, out = Path(ckpt), Path(out)
@@ -423,12 +426,13 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
 
     # Cast per kind and outtype (the module docstring's table).
     f16 = outtype != "f32"
+    f16_norms = f16 and not f32_norms
     one = np.float32(1.0)
     fns: dict[str, Callable[[np.ndarray], np.ndarray]] = {
         "embed": lambda x: x.astype(np.float16) if f16 else x,
         "linear": lambda x: x.astype(np.float16) if f16 else x,
-        "norm": lambda x: x.astype(np.float16) if f16 else x,
-        "fold_norm": lambda x: (one + x).astype(np.float16) if f16 else one + x,
+        "norm": lambda x: x.astype(np.float16) if f16_norms else x,
+        "fold_norm": lambda x: (one + x).astype(np.float16) if f16_norms else one + x,
     }
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -472,7 +476,8 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
                 w.add_tensor_info(it.gguf, (it.shape[0], it.shape[1] // 4), np.dtype(np.uint8),
                                   int(np.prod(it.shape)) // 4 + I2_S_TAIL, raw_dtype=i2s_type)
             else:
-                dt = np.dtype(np.float16 if f16 else np.float32)
+                half = f16_norms if it.kind in ("norm", "fold_norm") else f16
+                dt = np.dtype(np.float16 if half else np.float32)
                 w.add_tensor_info(it.gguf, it.shape, dt, int(np.prod(it.shape)) * dt.itemsize)
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -501,9 +506,13 @@ def main(argv: list[str] | None = None, prog: str = "convert_bitnet.py") -> int:
     ap.add_argument("ckpt", help="checkpoint folder")
     ap.add_argument("out", help="output .gguf file")
     ap.add_argument("--outtype", choices=OUTTYPES, default="f16")
+    ap.add_argument("--f32-norms", action="store_true",
+                    help="write the norms (1-D tensors) in F32, as llama.cpp's converters do: stock "
+                    "llama.cpp cannot multiply by F16 norms (BitNet's converter writes them F16 for its own "
+                    "runtime)")
     args = ap.parse_args(argv)
     try:
-        s = convert(args.ckpt, args.out, args.outtype)
+        s = convert(args.ckpt, args.out, args.outtype, f32_norms=args.f32_norms)
     except ConvertError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
