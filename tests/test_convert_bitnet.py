@@ -350,3 +350,24 @@ def test_teacher_checkpoints_convert_and_half_students_are_refused(tmp_path) -> 
         assert "blk.0.attn_q.weight" in names and not [n for n in names if "_norm_in" in n]
     ck = bitnet_models.build("qwen3", tmp_path / "half", drop=("layers.1.mlp.down_proj.norm.weight",))
     _refused(ck, tmp_path, "f16", "missing tensor layers.1.mlp.down_proj.norm.weight")
+
+
+def test_f32_norms_for_stock_llama_cpp(tmp_path) -> None:
+    """--f32-norms: every 1-D tensor F32 (Gemma's 1 + w folded in float32), 2-D ones as the outtype
+    says; stock llama.cpp cannot multiply by the F16 norms BitNet's converter writes."""
+    ck = bitnet_models.build("gemma3_text", tmp_path / "g", teacher=True)
+    r = read_converted(ck, tmp_path / "g.gguf", "f16")
+    assert cb.main([str(ck), str(tmp_path / "g32.gguf"), "--outtype", "f16", "--f32-norms"]) == 0
+    r32 = read(tmp_path / "g32.gguf")
+    half = {t.name: t for t in r.tensors}
+    for t in r32.tensors:
+        if len(t.shape) == 1:
+            assert int(t.tensor_type) == F32, t.name
+            want = np.asarray(half[t.name].data)
+            np.testing.assert_array_equal(np.asarray(t.data).astype(np.float16), want)
+        else:
+            assert int(t.tensor_type) == int(half[t.name].tensor_type), t.name
+            assert t.data.tobytes() == half[t.name].data.tobytes(), t.name
+    norm = next(t for t in r32.tensors if t.name == "blk.0.attn_norm.weight")
+    w = safetensors_numpy.load_file(str(ck / "model.safetensors"))["layers.0.input_layernorm.weight"]
+    np.testing.assert_array_equal(np.asarray(norm.data), np.float32(1.0) + w)
