@@ -12,8 +12,8 @@
 #include "../../native/src/util.h"
 #include "i2s_kernels.h"
 
-/* native/src/f16.c: IEEE binary16 bits <-> float, exact (f32 -> f16 rounds to nearest even). */
-float ml_f16_to_f32(uint16_t h);
+/* native/src/f16.c: float -> IEEE binary16 bits, rounded to nearest even (the other way,
+ * ml_f16_to_f32, is declared in i2s_kernels.h). */
 uint16_t ml_f32_to_f16(float f);
 
 /* i2s_api.c: spec `ternarize` and `layout` of n finite floats (n % 128 == 0): the packed codes

@@ -210,11 +210,7 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
 
 /* Float dots: lane j of one __m256 is the twin's running sum j (element k of each group of 8 in
  * lane k % 8), multiply then add (no FMA, as the pragma keeps it), the leftover elements into
- * their lanes as the twin, then the twin's combination. F16C widens f16 exactly. */
-static float combine8(const float s[8]) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
-
-float ml_f16_to_f32(uint16_t h); /* native/src/f16.c */
-
+ * their lanes and the combination as the twin (i2s_kernels.h). F16C widens f16 exactly. */
 static float dot_f16(int n, const uint16_t *w, const float *x) {
     __m256 acc = _mm256_setzero_ps();
     int k = 0;
@@ -224,8 +220,7 @@ static float dot_f16(int n, const uint16_t *w, const float *x) {
     }
     float s[8];
     _mm256_storeu_ps(s, acc);
-    for (; k < n; k++) s[k % 8] += ml_f16_to_f32(w[k]) * x[k];
-    return combine8(s);
+    return i2s_f16_dot_end(k, n, w, x, s);
 }
 
 static float dot_f32(int n, const float *w, const float *x) {
@@ -234,8 +229,7 @@ static float dot_f32(int n, const float *w, const float *x) {
     for (; k + 8 <= n; k += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k)));
     float s[8];
     _mm256_storeu_ps(s, acc);
-    for (; k < n; k++) s[k % 8] += w[k] * x[k];
-    return combine8(s);
+    return i2s_f32_dot_end(k, n, w, x, s);
 }
 
 const i2s_kernel_table i2s_kernels_avx2 = {

@@ -56,6 +56,23 @@ extern const i2s_kernel_table i2s_kernels_avx2;  /* compiled with -mavx2 -mfma -
 extern const i2s_kernel_table i2s_kernels_neon;
 #endif
 
+float ml_f16_to_f32(uint16_t h); /* native/src/f16.c: exact */
+
+/* The float dots' one order (the table's comment), shared by every table so that it is written
+ * once: elements [k, n) go into their running sums s[k % 8] (product, then sum: the callers'
+ * files keep fp-contract off), then the sums combine ((s0 + s1) + (s2 + s3)) + ((s4 + s5) +
+ * (s6 + s7)). The scalar twin passes k = 0 and zeros; a SIMD table the lanes of its whole
+ * groups of eight and the first leftover k. */
+static inline float i2s_f32_dot_end(int k, int n, const float *w, const float *x, float s[8]) {
+    for (; k < n; k++) s[k % 8] += w[k] * x[k];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+static inline float i2s_f16_dot_end(int k, int n, const uint16_t *w, const float *x, float s[8]) {
+    for (; k < n; k++) s[k % 8] += ml_f16_to_f32(w[k]) * x[k];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
 /* The float epilogue (spec `dot`): y = ((float)sumi - (float)act_sum) / a * d, four roundings. */
 static inline float i2s_epilogue(int32_t sumi, int32_t act_sum, float a, float d) {
     float s = (float)sumi - (float)act_sum;

@@ -124,12 +124,8 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
 }
 
 /* Float dots: lanes 0..3 and 4..7 of the twin's eight running sums in two float32x4_t, multiply
- * then add (no FMA: the pragma), leftovers and the combination as the twin. vcvt_f32_f16 widens
- * f16 exactly. */
-static float combine8(const float s[8]) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
-
-float ml_f16_to_f32(uint16_t h); /* native/src/f16.c */
-
+ * then add (no FMA: the pragma), leftovers and the combination as the twin (i2s_kernels.h).
+ * vcvt_f32_f16 widens f16 exactly. */
 static float dot_f16(int n, const uint16_t *w, const float *x) {
     float32x4_t a0 = vdupq_n_f32(0), a1 = vdupq_n_f32(0);
     int k = 0;
@@ -140,8 +136,7 @@ static float dot_f16(int n, const uint16_t *w, const float *x) {
     }
     float s[8];
     vst1q_f32(s, a0), vst1q_f32(s + 4, a1);
-    for (; k < n; k++) s[k % 8] += ml_f16_to_f32(w[k]) * x[k];
-    return combine8(s);
+    return i2s_f16_dot_end(k, n, w, x, s);
 }
 
 static float dot_f32(int n, const float *w, const float *x) {
@@ -153,8 +148,7 @@ static float dot_f32(int n, const float *w, const float *x) {
     }
     float s[8];
     vst1q_f32(s, a0), vst1q_f32(s + 4, a1);
-    for (; k < n; k++) s[k % 8] += w[k] * x[k];
-    return combine8(s);
+    return i2s_f32_dot_end(k, n, w, x, s);
 }
 
 const i2s_kernel_table i2s_kernels_neon = {

@@ -56,20 +56,14 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
     for (int t = 0; t < 4; t++) out[t] = dot(n, w + (size_t)t * (size_t)(n / 4), x);
 }
 
-float ml_f16_to_f32(uint16_t h); /* native/src/f16.c */
-
-static float combine8(const float s[8]) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
-
 static float dot_f16(int n, const uint16_t *w, const float *x) {
     float s[8] = {0};
-    for (int k = 0; k < n; k++) s[k % 8] += ml_f16_to_f32(w[k]) * x[k];
-    return combine8(s);
+    return i2s_f16_dot_end(0, n, w, x, s);
 }
 
 static float dot_f32(int n, const float *w, const float *x) {
     float s[8] = {0};
-    for (int k = 0; k < n; k++) s[k % 8] += w[k] * x[k];
-    return combine8(s);
+    return i2s_f32_dot_end(0, n, w, x, s);
 }
 
 const i2s_kernel_table i2s_kernels_scalar = {
