@@ -110,7 +110,7 @@ register("native", _native, builtin=_native_available)
 for _isa in ("scalar", "avx2", "neon", "neon-dotprod"):
     register(f"native:{_isa}", _native, builtin=False)
 register("bitnet", _bitnet, builtin=_bitnet_available)
-for _isa in ("scalar", "avx2"):
+for _isa in ("scalar", "avx2", "avxvnni", "avx512"):
     register(f"bitnet:{_isa}", _bitnet, builtin=False)
 register("lib:", _external)
 register("cmd:", _cmd, builtin=False)

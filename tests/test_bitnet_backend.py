@@ -40,7 +40,8 @@ def bitnet():
 
 
 def _isa_backends() -> list[str]:
-    return ["bitnet", "bitnet:scalar"] + (["bitnet:avx2"] if X86 else [])
+    simd = [f"bitnet:{i}" for i in ("avx2", "avxvnni", "avx512")] if X86 else []
+    return ["bitnet", "bitnet:scalar", *simd]
 
 
 @pytest.fixture(scope="module", params=_isa_backends())
@@ -58,7 +59,8 @@ def test_capabilities_come_from_the_exported_symbols(bitnet):
     assert set(abi.CAPABILITY_SYMBOLS["i2s"] + abi.CAPABILITY_SYMBOLS["embed"]) <= bitnet.symbols
     for c in ("load", "forward", "encode", "quantize_q8_0"):
         assert "does not export" in bitnet.unsupported[c]
-    assert bitnet.version.startswith("mlbitnet") and bitnet.isa in ("avx2", "scalar", "neon")
+    assert bitnet.version.startswith("mlbitnet")
+    assert bitnet.isa in ("scalar", "avx2", "avxvnni", "avx512", "neon")
 
 
 def test_names_and_registry(bitnet):

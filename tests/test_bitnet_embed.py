@@ -250,7 +250,7 @@ def test_every_isa_gives_identical_bits(lib, models, flavor, outtype):
     default = lib.ffi.string(lib.lib.ml_isa())
     got = {}
     try:
-        for isa in (b"scalar", b"avx2", b"neon"):
+        for isa in (b"scalar", b"avx2", b"avxvnni", b"avx512", b"neon"):
             if lib.lib.ml_set_isa(isa) != ML_OK:
                 continue
             _, e, _ = lib.load(models[flavor, outtype][0], threads=2)

@@ -48,7 +48,8 @@ ML_OK, ML_E_FORMAT, ML_E_ARG, ML_E_UNSUPPORTED = 0, 2, 4, 6
 MACHINE = platform.machine()
 X86 = MACHINE in ("x86_64", "AMD64")
 ARM = MACHINE in ("aarch64", "arm64")
-ISAS = ["scalar"] + (["avx2"] if X86 else []) + (["neon"] if ARM else [])
+X86_TABLES = ["avx2", "avxvnni", "avx512"]   # src/i2s_<name>.c with build.py's flags, worst to best
+ISAS = ["scalar"] + (X86_TABLES if X86 else []) + (["neon"] if ARM else [])
 F32 = np.float32
 F32_MAX = float.fromhex("0x1.fffffep+127")
 SPEC = specs.load("i2s")
@@ -239,7 +240,7 @@ def dot_inputs(seed: int):
 def test_isa_selection(lib):
     auto = lib.isa_now()
     override = os.environ.get("MLRT_ISA", "")   # the first choice (native/src/cpu.h) when runnable
-    best = ([i for i in ISAS[1:] if lib.runnable(i)] or ["scalar"])[0]
+    best = [i for i in ISAS if lib.runnable(i)][-1]   # ISAS runs from the scalar twin to the best
     assert auto == (override if override in ISAS and lib.runnable(override) else best), \
         "MLRT_ISA's table, else the best runnable one"
     try:
@@ -601,17 +602,21 @@ def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: li
     return out
 
 
-def driver_sources(simd: tuple[Path, list[str]], extra: list[str]) -> list[tuple[Path, list[str]]]:
+def driver_sources(simd: list[str], extra: list[str]) -> list[tuple[Path, list[str]]]:
+    """The driver and the library's sources, the SIMD files ``simd`` (i2s_<name>.c) with the ISA
+    flags backends/native/build.py gives them."""
+    build = _load_build_module()
     common = [BITNET / "tests" / "i2s_main.c", SRC / "i2s_scalar.c", SRC / "dispatch.c", SRC / "i2s_api.c",
               SRC / "embed.c", SRC / "gguf.c", NATIVE / "src" / "pool.c", NATIVE / "src" / "f16.c",
               NATIVE / "src" / "cpu.c"]
-    return [(p, extra) for p in common] + [(simd[0], [*extra, *simd[1]])]
+    return [(p, extra) for p in common] + [(SRC / f"i2s_{t}.c", [*extra, *build.ISA_FLAGS[f"i2s_{t}.c"][1]])
+                                           for t in simd]
 
 
 @pytest.fixture(scope="module")
 def neon_driver(tmp_path_factory) -> list[str]:
     """The aarch64 driver and the command prefix that runs it: qemu-aarch64 -cpu max elsewhere."""
-    srcs = driver_sources((SRC / "i2s_neon.c", []), [])
+    srcs = driver_sources(["neon"], [])
     if ARM:
         return [str(_compile("gcc", tmp_path_factory.mktemp("neon") / "i2s_main", srcs, []))]
     missing = [t for t in ("aarch64-linux-gnu-gcc", "qemu-aarch64") if shutil.which(t) is None]
@@ -624,17 +629,17 @@ def neon_driver(tmp_path_factory) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sanitized_driver(tmp_path_factory) -> list[str]:
-    """The same driver built natively with AddressSanitizer + UBSan (x86-64: the AVX2 table)."""
+    """The same driver built natively with AddressSanitizer + UBSan (x86-64: every x86 table)."""
     if not X86:
         pytest.skip("the sanitized driver build is for x86-64 (aarch64 runs the plain build natively)")
     san = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
            "-fno-omit-frame-pointer"]
-    srcs = driver_sources((SRC / "i2s_avx2.c", ["-mavx2", "-mfma", "-mf16c"]), san)
+    srcs = driver_sources(X86_TABLES, san)
     return [str(_compile("gcc", tmp_path_factory.mktemp("san") / "i2s_main", srcs, san))]
 
 
 def _tables(driver: list[str]) -> list[str]:
-    return ["scalar", "neon"] if "qemu-aarch64" in driver[0] or ARM else ["scalar", "avx2"]
+    return ["scalar", "neon"] if "qemu-aarch64" in driver[0] or ARM else ["scalar", *X86_TABLES]
 
 
 def _call(driver: list[str], isa: str, op: str, args: list[int], data: bytes) -> bytes:
@@ -645,16 +650,26 @@ def _call(driver: list[str], isa: str, op: str, args: list[int], data: bytes) ->
     return r.stdout
 
 
+def _runnable(driver: list[str]) -> list[str]:
+    """The driver's tables this CPU runs (scalar always), best last."""
+    out = ["scalar"]
+    for t in _tables(driver)[1:]:
+        r = _run([*driver, t, "selftest", "0"])
+        if not (r.returncode == 3 and b"not runnable" in r.stderr):   # e.g. an x86-64 without AVX-512
+            out.append(t)
+    return out
+
+
 def check_driver(driver: list[str]) -> None:
-    """Every kernel and API op of the driver's tables against the reference, bit for bit."""
-    simd = _tables(driver)[1]
-    r = _run([*driver, simd, "selftest", "0"])
-    runnable = not (r.returncode == 3 and b"not runnable" in r.stderr)   # e.g. an x86-64 without AVX2
-    for isa in ["scalar", simd] if runnable else ["scalar"]:
+    """Every kernel and API op of the driver's tables that this CPU runs against the reference, bit
+    for bit; the tables it cannot run are printed (pytest -rP)."""
+    runnable = _runnable(driver)
+    print(f"tables run: {runnable}; not runnable here: {sorted(set(_tables(driver)) - set(runnable))}")
+    for isa in runnable:
         r = _run([*driver, isa, "selftest", "200"])
         assert r.returncode == 0 and r.stdout.rstrip().endswith(b" 0 mismatches"), r.stdout + r.stderr
-        want = simd if runnable else "scalar"
-        assert f"automatic choice: {want}\n".encode() in r.stdout, r.stdout
+        best = runnable[-1]   # dispatch.c's order: the best runnable table is the last of _tables
+        assert f"automatic choice: {best}\n".encode() in r.stdout, r.stdout
         # quantize_act on rows of each length
         rows = activation_rows(12)
         for n in sorted({r.size for r in rows}):

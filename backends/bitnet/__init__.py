@@ -19,7 +19,7 @@ from ..native import LibraryBackend, library_available, open_library
 
 HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libmlbitnet.so"   # `pip install` and `python backends/native/build.py --all` build it
-ISAS = ("scalar", "avx2")
+ISAS = ("scalar", "avx2", "avxvnni", "avx512")
 
 
 def _sources() -> list[Path]:

@@ -46,6 +46,9 @@ ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
     "kern_neon.c": (("aarch64", "arm64"), []),
     "kern_neon_dotprod.c": (("aarch64", "arm64"), ["-march=armv8.2-a+dotprod"]),
     "i2s_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
+    "i2s_avxvnni.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"]),
+    "i2s_avx512.c": (("x86_64", "AMD64"),
+                     ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vnni"]),
     "i2s_neon.c": (("aarch64", "arm64"), []),
 }
 # library -> (its sources, the default output path). The bitnet runtime shares only the native

@@ -3,7 +3,8 @@
  * The choice is the library's only global state: made once from the CPU's features at the first
  * i2s_kernels() call (the table MLRT_ISA names if runnable, else the best runnable one), or forced
  * by ml_set_isa() (before loading models). x86-64: "avx2" needs AVX2, FMA and F16C and the OS's
- * saving of the YMM registers (native/src/cpu.c: cpuid and xgetbv). aarch64: "neon" is baseline.
+ * saving of the YMM registers (native/src/cpu.c: cpuid and xgetbv); "avxvnni" AVX-VNNI on top;
+ * "avx512" AVX-512 F, BW and VNNI with the ZMM state saved. aarch64: "neon" is baseline.
  */
 #include <string.h>
 
@@ -12,9 +13,9 @@
 
 static int runnable(const i2s_kernel_table *t) {
 #if defined(__x86_64__)
-    if (t == &i2s_kernels_avx2) {
-        return ml_cpu_avx2();
-    }
+    if (t == &i2s_kernels_avx512) return ml_cpu_avx512vnni();
+    if (t == &i2s_kernels_avxvnni) return ml_cpu_avxvnni();
+    if (t == &i2s_kernels_avx2) return ml_cpu_avx2();
 #endif
     (void)t;
     return 1;
@@ -23,6 +24,8 @@ static int runnable(const i2s_kernel_table *t) {
 /* Best first. */
 static const i2s_kernel_table *const tables[] = {
 #if defined(__x86_64__)
+    &i2s_kernels_avx512,
+    &i2s_kernels_avxvnni,
     &i2s_kernels_avx2,
 #endif
 #if defined(__aarch64__)

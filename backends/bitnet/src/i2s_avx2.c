@@ -83,7 +83,7 @@ ALWAYS_INLINE __m256i quant8(__m256 x, __m256 a) {
     return _mm256_cvttps_epi32(r); /* r is an integer: exact */
 }
 
-static float quantize_act(const float *x, int n, int8_t *q, int32_t *sum) {
+float i2s_avx2_quantize_act(const float *x, int n, int8_t *q, int32_t *sum) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 m8 = _mm256_setzero_ps();
     int k = 0;
@@ -211,7 +211,7 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
 /* Float dots: lane j of one __m256 is the twin's running sum j (element k of each group of 8 in
  * lane k % 8), multiply then add (no FMA, as the pragma keeps it), the leftover elements into
  * their lanes and the combination as the twin (i2s_kernels.h). F16C widens f16 exactly. */
-static float dot_f16(int n, const uint16_t *w, const float *x) {
+float i2s_avx2_dot_f16(int n, const uint16_t *w, const float *x) {
     __m256 acc = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= n; k += 8) {
@@ -223,7 +223,7 @@ static float dot_f16(int n, const uint16_t *w, const float *x) {
     return i2s_f16_dot_end(k, n, w, x, s);
 }
 
-static float dot_f32(int n, const float *w, const float *x) {
+float i2s_avx2_dot_f32(int n, const float *w, const float *x) {
     __m256 acc = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= n; k += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k)));
@@ -234,10 +234,10 @@ static float dot_f32(int n, const float *w, const float *x) {
 
 const i2s_kernel_table i2s_kernels_avx2 = {
     .name = "avx2",
-    .quantize_act = quantize_act,
+    .quantize_act = i2s_avx2_quantize_act,
     .dot = dot,
     .dot4 = dot4,
     .dot_rows4 = dot_rows4,
-    .dot_f16 = dot_f16,
-    .dot_f32 = dot_f32,
+    .dot_f16 = i2s_avx2_dot_f16,
+    .dot_f32 = i2s_avx2_dot_f32,
 };

@@ -50,7 +50,13 @@ const i2s_kernel_table *i2s_kernels_named(const char *name); /* NULL if not buil
 
 extern const i2s_kernel_table i2s_kernels_scalar;
 #if defined(__x86_64__)
-extern const i2s_kernel_table i2s_kernels_avx2;  /* compiled with -mavx2 -mfma -mf16c */
+extern const i2s_kernel_table i2s_kernels_avx2;    /* compiled with -mavx2 -mfma -mf16c */
+extern const i2s_kernel_table i2s_kernels_avxvnni; /* + -mavxvnni: the integer dots with vpdpbusd (VEX) */
+extern const i2s_kernel_table i2s_kernels_avx512;  /* + AVX-512 F/BW/VNNI: the integer dots, 512-bit */
+/* AVX2's float kernels, which the VNNI tables share (every VNNI CPU has AVX2, FMA and F16C) */
+float i2s_avx2_quantize_act(const float *x, int n, int8_t *q, int32_t *sum);
+float i2s_avx2_dot_f16(int n, const uint16_t *w, const float *x);
+float i2s_avx2_dot_f32(int n, const float *w, const float *x);
 #endif
 #if defined(__aarch64__)
 extern const i2s_kernel_table i2s_kernels_neon;

@@ -24,8 +24,24 @@ int ml_cpu_avx2(void) {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     return (b >> 5) & 1; /* leaf 7 EBX bit 5: AVX2 */
 }
+
+int ml_cpu_avxvnni(void) {
+    unsigned a, b, c, d;
+    if (!ml_cpu_avx2() || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return (a >> 4) & 1; /* leaf 7.1 EAX bit 4: AVX-VNNI */
+}
+
+int ml_cpu_avx512vnni(void) {
+    unsigned a, b, c, d;
+    if (!ml_cpu_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    const unsigned f = 1u << 16, bw = 1u << 30; /* EBX: AVX512F, AVX512BW */
+    if ((b & (f | bw)) != (f | bw) || !((c >> 11) & 1)) return 0; /* ECX bit 11: AVX512_VNNI */
+    return (xgetbv0() & 0xE0) == 0xE0; /* XCR0 bits 5..7: opmask, ZMM0-15 upper halves, ZMM16-31 */
+}
 #else
 int ml_cpu_avx2(void) { return 0; }
+int ml_cpu_avxvnni(void) { return 0; }
+int ml_cpu_avx512vnni(void) { return 0; }
 #endif
 
 const char *ml_isa_override(void) {

@@ -7,6 +7,13 @@
  * kern_avx2.c and i2s_avx2.c are compiled with); 0 elsewhere, and on every non-x86 target. */
 int ml_cpu_avx2(void);
 
+/* 1 when ml_cpu_avx2() and the CPU has AVX-VNNI (VEX vpdpbusd, cpuid leaf 7.1 EAX bit 4). */
+int ml_cpu_avxvnni(void);
+
+/* 1 when ml_cpu_avx2() and the CPU has AVX-512 F, BW and VNNI and the OS saves the opmask and ZMM
+ * registers (XCR0 bits 5, 6, 7). A CPU can advertise a feature the OS leaves disabled. */
+int ml_cpu_avx512vnni(void);
+
 /* The MLRT_ISA environment variable (e.g. "scalar"), or NULL when unset or empty: the table a
  * library starts on instead of the best one, if it has a runnable table of that name. It lets one
  * machine run as one with fewer features (a host without AVX2); ml_isa() says what runs. */

@@ -1,0 +1,82 @@
+/* i2s_avx512.c: I2_S integer dots with AVX-512 VNNI (512-bit vpdpbusd; compiled with -mavx512f
+ * -mavx512bw -mavx512vnni -mavx2 -mfma -mf16c on x86-64 only; chosen at run time when the CPU has
+ * AVX-512 F, BW and VNNI and the OS saves the ZMM state). Twin: i2s_scalar.c (specs/i2s.yaml `dot`).
+ *
+ * As i2s_avxvnni.c, on 64 bytes: a block's 32 packed bytes are broadcast to both halves of a ZMM
+ * register and shifted by (6, 4) and (2, 0) per half, so two 64-byte code vectors hold the codes
+ * of elements 0..63 and 64..127 in element order, each against 64 consecutive activations. Exact
+ * int32 sums in any order, as the twin's. Float kernels: AVX2's.
+ */
+#include <immintrin.h>
+
+#include "i2s_kernels.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* The two code vectors of one packed block: lo = elements 0..63, hi = 64..127. */
+ALWAYS_INLINE __m512i halves16(short low, short high) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(low)), _mm256_set1_epi16(high), 1);
+}
+
+ALWAYS_INLINE void unpack(const uint8_t *w, __m512i *lo, __m512i *hi) {
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)w));
+    *lo = _mm512_and_si512(_mm512_srlv_epi16(v, halves16(6, 4)), m3); /* elements 0..31 | 32..63 */
+    *hi = _mm512_and_si512(_mm512_srlv_epi16(v, halves16(2, 0)), m3); /* elements 64..95 | 96..127 */
+}
+
+ALWAYS_INLINE __m512i block_dot(__m512i acc, __m512i lo, __m512i hi, const int8_t *x) {
+    acc = _mm512_dpbusd_epi32(acc, lo, _mm512_loadu_si512(x));
+    return _mm512_dpbusd_epi32(acc, hi, _mm512_loadu_si512(x + 64));
+}
+
+static int32_t dot(int n, const uint8_t *w, const int8_t *x) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int b = 0; b < n / I2S_BLOCK; b++) {
+        __m512i lo, hi;
+        unpack(w + (size_t)b * I2S_BLOCK_BYTES, &lo, &hi);
+        acc = block_dot(acc, lo, hi, x + (size_t)b * I2S_BLOCK);
+    }
+    return _mm512_reduce_add_epi32(acc);
+}
+
+static void dot4(int n, const uint8_t *w, const int8_t *const x[4], int32_t out[4]) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (int b = 0; b < n / I2S_BLOCK; b++) {
+        __m512i lo, hi;
+        unpack(w + (size_t)b * I2S_BLOCK_BYTES, &lo, &hi);
+        const size_t o = (size_t)b * I2S_BLOCK;
+        a0 = block_dot(a0, lo, hi, x[0] + o);
+        a1 = block_dot(a1, lo, hi, x[1] + o);
+        a2 = block_dot(a2, lo, hi, x[2] + o);
+        a3 = block_dot(a3, lo, hi, x[3] + o);
+    }
+    out[0] = _mm512_reduce_add_epi32(a0), out[1] = _mm512_reduce_add_epi32(a1);
+    out[2] = _mm512_reduce_add_epi32(a2), out[3] = _mm512_reduce_add_epi32(a3);
+}
+
+static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) {
+    const size_t rs = (size_t)(n / 4);
+    __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                    _mm512_setzero_si512()};
+    for (int b = 0; b < n / I2S_BLOCK; b++) {
+        _mm_prefetch((const char *)(w + 4 * rs) + 128 * (size_t)b, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + 4 * rs) + 128 * (size_t)b + 64, _MM_HINT_T0);
+        for (int r = 0; r < 4; r++) {
+            __m512i lo, hi;
+            unpack(w + (size_t)r * rs + (size_t)b * I2S_BLOCK_BYTES, &lo, &hi);
+            a[r] = block_dot(a[r], lo, hi, x + (size_t)b * I2S_BLOCK);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_epi32(a[r]);
+}
+
+const i2s_kernel_table i2s_kernels_avx512 = {
+    .name = "avx512",
+    .quantize_act = i2s_avx2_quantize_act,
+    .dot = dot,
+    .dot4 = dot4,
+    .dot_rows4 = dot_rows4,
+    .dot_f16 = i2s_avx2_dot_f16,
+    .dot_f32 = i2s_avx2_dot_f32,
+};
