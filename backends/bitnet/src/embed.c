@@ -677,26 +677,51 @@ static void float_rows(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
-/* y (n, rows) = one projection of x (n, cols): RMSNorm(x, norm_in) when the model has the
- * per-projection norms, then the ternary BitLinear (int8 activations -> integer dot ->
- * epilogue) or the float matmul (inputs rounded to f16 for F16 weights, as llama.cpp's F16
- * matmul). ML_E_FORMAT if an input is not finite (the model's values overflowed). */
-static int linear(const ml_embedder *e, scratch *s, const float *x, const float *norm_in, const proj *p, int n,
-                  float *y) {
+/* The inputs of tokens [t0, t1) of one projection (prep_job): the norm, the finiteness check, then
+ * the int8 activations (ternary) or the f16 rounding (F16 weights). */
+typedef struct {
+    const ml_embedder *e;
+    scratch *s;
+    const float *x, *norm_in;
+    const proj *p;
+    int bad; /* set (atomically) when an input is not finite */
+} prep_job;
+
+static void prep_tokens(void *arg, int64_t t0, int64_t t1) {
+    prep_job *j = arg;
+    const ml_embedder *e = j->e;
+    const proj *p = j->p;
+    scratch *s = j->s;
     size_t cols = (size_t)p->cols;
-    for (int t = 0; t < n; t++) {
+    for (int64_t t = t0; t < t1; t++) {
         float *xi = s->xin + (size_t)t * cols;
-        if (norm_in)
-            rmsnorm(xi, x + (size_t)t * cols, norm_in, p->cols, e->eps);
+        if (j->norm_in)
+            rmsnorm(xi, j->x + (size_t)t * cols, j->norm_in, p->cols, e->eps);
         else
-            memcpy(xi, x + (size_t)t * cols, cols * sizeof *xi);
+            memcpy(xi, j->x + (size_t)t * cols, cols * sizeof *xi);
         for (size_t i = 0; i < cols; i++)
-            if (!isfinite(xi[i])) return ML_E_FORMAT;
+            if (!isfinite(xi[i])) {
+                __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
+                return;
+            }
         if (p->fmt == W_TERNARY)
             s->ascale[t] = e->k->quantize_act(xi, p->cols, s->q8 + (size_t)t * cols, &s->asum[t]);
         else if (p->fmt == W_F16)
             for (size_t i = 0; i < cols; i++) xi[i] = ml_f16_to_f32(ml_f32_to_f16(xi[i]));
     }
+}
+
+/* y (n, rows) = one projection of x (n, cols): RMSNorm(x, norm_in) when the model has the
+ * per-projection norms, then the ternary BitLinear (int8 activations -> integer dot ->
+ * epilogue) or the float matmul (inputs rounded to f16 for F16 weights, as llama.cpp's F16
+ * matmul). The tokens' inputs and then the weight rows are split over the pool; every value is
+ * computed the same way whatever the threads. ML_E_FORMAT if an input is not finite (the
+ * model's values overflowed). */
+static int linear(const ml_embedder *e, scratch *s, const float *x, const float *norm_in, const proj *p, int n,
+                  float *y) {
+    prep_job pj = {e, s, x, norm_in, p, 0};
+    ml_pool_run(e->pool, n, prep_tokens, &pj);
+    if (pj.bad) return ML_E_FORMAT;
     lin_job j = {e, p, s, n, y};
     ml_pool_run(e->pool, p->rows, p->fmt == W_TERNARY ? lin_rows : float_rows, &j);
     return ML_OK;
@@ -745,6 +770,20 @@ static void attn_heads(void *arg, int64_t h0, int64_t h1) {
 }
 
 /* ---------------------------------------------------------------- the pass */
+/* g = act(g) * u over tokens [t0, t1) (SiLU, or Gemma's tanh GELU), split over the pool */
+typedef struct {
+    const ml_embedder *e;
+    scratch *s;
+} act_job;
+
+static void act_tokens(void *arg, int64_t t0, int64_t t1) {
+    const act_job *j = arg;
+    size_t ff = (size_t)j->e->ff;
+    float *g = j->s->g, *u = j->s->u;
+    for (size_t i = (size_t)t0 * ff; i < (size_t)t1 * ff; i++)
+        g[i] = (j->e->gemma ? gelu_tanh(g[i]) : silu(g[i])) * u[i];
+}
+
 static void add_rows(float *x, const float *a, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += a[i];
 }
@@ -782,8 +821,8 @@ static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) 
     if ((rc = linear(e, s, s->h, Ly->norm_in[P_GATE], &Ly->p[P_GATE], n, s->g)) ||
         (rc = linear(e, s, s->h, Ly->norm_in[P_UP], &Ly->p[P_UP], n, s->u)))
         return rc;
-    size_t nf = N * (size_t)e->ff;
-    for (size_t i = 0; i < nf; i++) s->g[i] = (e->gemma ? gelu_tanh(s->g[i]) : silu(s->g[i])) * s->u[i];
+    act_job ajob = {e, s};
+    ml_pool_run(e->pool, n, act_tokens, &ajob);
     if ((rc = linear(e, s, s->g, Ly->norm_in[P_DOWN], &Ly->p[P_DOWN], n, s->y))) return rc;
     if (e->gemma)
         for (size_t t = 0; t < N; t++) rmsnorm(s->y + t * D, s->y + t * D, Ly->post_ffw_norm, e->dim, e->eps);
