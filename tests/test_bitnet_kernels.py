@@ -13,7 +13,9 @@ one ISA, so every table runnable here (scalar, avx2 on x86-64) is compared with 
 - ml_i2s_quantize: the reference payload byte for byte (random tensors, the spec's edge cases,
   +-0.5 / 1.5 ties of w * s, a tensor whose float mean depends on the float64 summation order,
   which NumPy does pairwise); ml_i2s_quantize_act / ml_i2s_matmul: bit-identical to
-  quantize_activations / bitlinear, under every ISA (ml_set_isa); the refusals of mlrt.h.
+  quantize_activations / bitlinear, under every ISA (ml_set_isa); the refusals of mlrt.h;
+- the prefill's element-wise kernels (epilogue, axpy, act_mul): the header's one-element formulas
+  bit for bit on every ISA, and the activations' exp / SiLU / GELU against float64.
 NEON: backends/bitnet/tests/i2s_main.c cross-compiled for aarch64 (-static) runs the neon and
 scalar tables and the API under qemu-aarch64 -cpu max on the same inputs, compared with the
 reference here (skipped when aarch64-linux-gnu-gcc or qemu-aarch64 is missing); the same driver
@@ -339,6 +341,101 @@ def test_float_dots_follow_the_table_order(lib, isa, seed):
                                               lib.ffi.from_buffer(out))
             assert rc == ML_OK
             assert out.view(F32)[0].tobytes() == want.tobytes(), f"{isa} {op} n {n}"
+
+
+# ---------------------------------------------------------------- element-wise kernels
+def _kernel_f32(lib, isa, op, a, b=None) -> np.ndarray:
+    rc, out = lib.kernel(isa, op, a.size, a, b, out_bytes=4 * a.size)
+    assert rc == ML_OK, f"{isa} {op}"
+    return out[:4 * a.size].view(F32).copy()
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    np.testing.assert_array_equal(got.view(np.uint32), want.astype(F32).view(np.uint32), err_msg=what)
+
+
+def _header_exp(x: np.ndarray) -> np.ndarray:
+    """i2s_exp (i2s_kernels.h) transcribed step for step in float32 NumPy operations."""
+    x = np.where(x > F32(-87), x, F32(-87))
+    x = np.where(x < F32(88), x, F32(88))
+    n = np.floor(x * F32(1.44269504088896341) + F32(0.5))
+    r = (x - n * F32(0.693359375)) - n * F32(-2.12194440e-4)
+    p = F32(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + F32(c)
+    p = (p * (r * r) + r) + F32(1)
+    return p * np.ldexp(F32(1), n.astype(np.int32)).astype(F32)
+
+
+def _header_act(gelu: bool, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    z = F32(-1.59576912160573071) * (g + F32(0.044715) * ((g * g) * g)) if gelu else -g
+    return g / (F32(1) + _header_exp(z)) * u
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance in float32 steps between same-shaped float32 arrays (across zero too)."""
+    ai, bi = (v.view(np.int32).astype(np.int64) for v in (a, b))
+    ai, bi = (np.where(v < 0, -(v & 0x7FFFFFFF), v) for v in (ai, bi))
+    return np.abs(ai - bi)
+
+
+def _activation_inputs(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    wide = rng.standard_normal(50_000) * np.exp2(rng.integers(-30, 12, 50_000))
+    edges = [0.0, -0.0, 1e-45, -1e-45, 8e3, -8e3]
+    return np.concatenate([np.linspace(-20, 20, 200_001), wide, edges]).astype(F32)
+
+
+def test_exp_formula_is_within_an_ulp():
+    """The one exp formula of the activations (i2s_kernels.h), against float64 exp: measured <= 1
+    float32 step at 1.2M points of [-87, 88]."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([np.linspace(-87, 88, 1_000_001), rng.uniform(-87, 88, 200_000)]).astype(F32)
+    assert _ulps(_header_exp(x), np.exp(x.astype(np.float64)).astype(F32)).max() <= 1
+
+
+def test_exp_hook_is_the_header_formula(lib):
+    x = np.concatenate([np.linspace(-100, 100, 20_001), [0.0, -0.0, 1e-45, 3e38, -3e38]]).astype(F32)
+    _same_bits(_kernel_f32(lib, "scalar", "exp", x), _header_exp(x), "exp")
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_elementwise_kernels_follow_the_formulas(lib, isa, seed):
+    """epilogue, axpy and act_mul give the header's one-element formulas' bits on every ISA (here:
+    NumPy float32 transcriptions), for every length (the leftovers after the SIMD groups)."""
+    rng = np.random.default_rng(seed)
+    for n in (1, 7, 8, 9, 31, 64, 1000, 2048):
+        sumi = (rng.integers(-2**31, 2**31, n) >> rng.integers(0, 32, n)).astype(np.int32)
+        act_sum = int(rng.integers(-2**23, 2**23))
+        a, d = F32(rng.uniform(0.5, 2) * 2.0 ** rng.integers(-20, 20)), F32(rng.uniform(0.01, 1))
+        params = np.concatenate([np.array([act_sum], np.int32).view(F32), [a, d]]).astype(F32)
+        _same_bits(_kernel_f32(lib, isa, "epilogue", sumi, params),
+                   ((sumi.astype(F32) - F32(act_sum)) / a) * d, f"{isa} epilogue n {n}")
+        x = _activation_inputs(seed)[rng.integers(0, 250_000, n)]
+        y = (rng.standard_normal(n) * np.exp2(rng.integers(-10, 10, n))).astype(F32)
+        p = F32(rng.standard_normal())
+        _same_bits(_kernel_f32(lib, isa, "axpy", x, np.concatenate([[p], y]).astype(F32)), y + p * x,
+                   f"{isa} axpy n {n}")
+        for op in ("silu_mul", "gelu_mul"):
+            _same_bits(_kernel_f32(lib, isa, op, x, y), _header_act(op[0] == "g", x, y), f"{isa} {op} n {n}")
+
+
+def test_activations_are_as_accurate_as_float32_numpy(lib):
+    """act_mul against the float64 SiLU and tanh GELU (the reference's NumPy formulas in float64):
+    |error| <= 2.5 * 2^-24 |g| + 2^-149 (a subnormal step) everywhere (measured 1.98 * 2^-24 |g|
+    for both; NumPy's float32 formulas: 1.98 and 2.00), and within 16 float32 steps where
+    |act(g)| >= 1e-3 |g| (measured 2 and 14; NumPy float32's tanh GELU: 326). Deep in the negative
+    tail both are ~0 next to |g|."""
+    g = _activation_inputs(8)
+    g64 = g.astype(np.float64)
+    with np.errstate(over="ignore"):
+        want = {"silu_mul": g64 / (1 + np.exp(-g64)),
+                "gelu_mul": 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3)))}
+    for op, ref in want.items():
+        got = _kernel_f32(lib, "scalar", op, g, np.ones_like(g))
+        assert (np.abs(got - ref) <= 2.5 * 2.0 ** -24 * np.abs(g64) + 2.0 ** -149).all(), op
+        big = np.abs(ref) >= 1e-3 * np.abs(g64)
+        assert _ulps(got[big], ref[big].astype(F32)).max() <= 16, op
 
 
 def test_saturated_row_spec_case(lib, isa):

@@ -22,7 +22,9 @@
  * threads=1 equals threads=N bit for bit. Against the reference, the float operations are the
  * same and in the same order where cheap (norm sums pairwise as NumPy, RoPE angles in double,
  * the i2s epilogue); what remains is the order of the attention sums (eight running sums here,
- * NumPy's einsum has its own) and the last bit of libm's expf/tanhf against NumPy's. Those ulps
+ * NumPy's einsum has its own), libm's expf in the softmax against NumPy's, and the activations:
+ * the table's act_mul (one exp formula on every ISA, i2s_kernels.h, within 2 ulp of exp; GELU as
+ * g / (1 + exp(-2z)), the same function as 0.5 g (1 + tanh z)) against NumPy's exp/tanh. Those ulps
  * now and then move an int8 activation across a rounding boundary (one step: up to ~1/127 of a
  * projection's output scale), more often the longer the sequence: a tolerance
  * (tests/test_bitnet_embed.py).
@@ -48,6 +50,7 @@
 #define TOKEN_CHUNK 8         /* tokens per pass over a range of weight rows (a multiple of 4): 8 rows of int8
                                * activations (8 x 3072 bytes at most here) stay in L1 while the weight rows
                                * stream past; 64 went to L2 and was 9% slower on the 0.6B bench */
+#define ROW_TILE 64           /* weight rows whose integer dots are gathered before their epilogue */
 
 /* ---------------------------------------------------------------- model */
 enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, N_PROJ };
@@ -534,12 +537,6 @@ static void rmsnorm(float *out, const float *v, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = (v[i] * r) * w[i];
 }
 
-static float silu(float v) { return v / (1.0f + expf(-v)); }
-
-static float gelu_tanh(float v) {
-    const float c = (float)sqrt(2.0 / 3.14159265358979323846);
-    return 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
-}
 
 /* RoPE tables (n, hd/2) of one base, as the reference: inv = base^(-2i/hd) and ang = pos * inv in
  * double, cos and sin in double rounded to float. */
@@ -628,7 +625,8 @@ typedef struct {
 } lin_job;
 
 /* Rows [r0, r1) of y, tokens in chunks of TOKEN_CHUNK (their int8 rows stay in cache while the
- * weight rows stream past), four tokens per kernel call. */
+ * weight rows stream past), four tokens per kernel call; the integer dots of ROW_TILE rows are
+ * gathered per token, then the table's epilogue runs along them (y's rows are per token). */
 static void lin_rows(void *arg, int64_t r0, int64_t r1) {
     const lin_job *j = arg;
     const proj *p = j->p;
@@ -637,22 +635,24 @@ static void lin_rows(void *arg, int64_t r0, int64_t r1) {
     const float *a = j->s->ascale;
     const int32_t *sum = j->s->asum;
     size_t cols = (size_t)p->cols, rows = (size_t)p->rows, rb = cols / 4;
+    int32_t acc[TOKEN_CHUNK][ROW_TILE];
     for (int t0 = 0; t0 < j->n; t0 += TOKEN_CHUNK) {
         int t1 = j->n - t0 > TOKEN_CHUNK ? t0 + TOKEN_CHUNK : j->n;
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *w = p->packed + (size_t)r * rb;
-            int t = t0;
-            for (; t + 4 <= t1; t += 4) {
-                const int8_t *x[4] = {q8 + (size_t)t * cols, q8 + (size_t)(t + 1) * cols,
-                                      q8 + (size_t)(t + 2) * cols, q8 + (size_t)(t + 3) * cols};
-                int32_t o[4];
-                k->dot4(p->cols, w, x, o);
-                for (int i = 0; i < 4; i++)
-                    j->y[(size_t)(t + i) * rows + (size_t)r] = i2s_epilogue(o[i], sum[t + i], a[t + i], p->d);
+        for (int64_t rt = r0; rt < r1; rt += ROW_TILE) {
+            int nr = r1 - rt < ROW_TILE ? (int)(r1 - rt) : ROW_TILE;
+            for (int i = 0; i < nr; i++) {
+                const uint8_t *w = p->packed + (size_t)(rt + i) * rb;
+                int t = t0;
+                for (; t + 4 <= t1; t += 4) {
+                    const int8_t *x[4] = {q8 + (size_t)t * cols, q8 + (size_t)(t + 1) * cols,
+                                          q8 + (size_t)(t + 2) * cols, q8 + (size_t)(t + 3) * cols};
+                    int32_t o[4];
+                    k->dot4(p->cols, w, x, o);
+                    for (int u = 0; u < 4; u++) acc[t - t0 + u][i] = o[u];
+                }
+                for (; t < t1; t++) acc[t - t0][i] = k->dot(p->cols, w, q8 + (size_t)t * cols);
             }
-            for (; t < t1; t++)
-                j->y[(size_t)t * rows + (size_t)r] =
-                    i2s_epilogue(k->dot(p->cols, w, q8 + (size_t)t * cols), sum[t], a[t], p->d);
+            for (int t = t0; t < t1; t++) k->epilogue(nr, acc[t - t0], sum[t], a[t], p->d, j->y + (size_t)t * rows + (size_t)rt);
         }
     }
 }
@@ -760,11 +760,7 @@ static void attn_heads(void *arg, int64_t h0, int64_t h1) {
             float tot = pairwise_sum(sc, n); /* masked entries are 0, as exp(-inf) in the reference */
             float *o = s->att + (size_t)i * qd + (size_t)h * (size_t)hd;
             for (int c = 0; c < hd; c++) o[c] = 0;
-            for (int t = j0; t <= i; t++) {
-                float p = sc[t] / tot;
-                const float *v = s->v + (size_t)t * kvd + kvo;
-                for (int c = 0; c < hd; c++) o[c] += p * v[c];
-            }
+            for (int t = j0; t <= i; t++) e->k->axpy(hd, sc[t] / tot, s->v + (size_t)t * kvd + kvo, o);
         }
     }
 }
@@ -779,9 +775,8 @@ typedef struct {
 static void act_tokens(void *arg, int64_t t0, int64_t t1) {
     const act_job *j = arg;
     size_t ff = (size_t)j->e->ff;
-    float *g = j->s->g, *u = j->s->u;
-    for (size_t i = (size_t)t0 * ff; i < (size_t)t1 * ff; i++)
-        g[i] = (j->e->gemma ? gelu_tanh(g[i]) : silu(g[i])) * u[i];
+    for (int64_t t = t0; t < t1; t++)
+        j->e->k->act_mul(j->e->gemma, j->e->ff, j->s->g + (size_t)t * ff, j->s->u + (size_t)t * ff);
 }
 
 static void add_rows(float *x, const float *a, size_t n) {

@@ -232,6 +232,66 @@ float i2s_avx2_dot_f32(int n, const float *w, const float *x) {
     return i2s_f32_dot_end(k, n, w, x, s);
 }
 
+/* The element-wise kernels: the header's one-element formulas eight lanes at a time, each step
+ * the same IEEE operation (cvtdq2ps is (float) of an int32, maxps / minps are `x > c ? x : c` /
+ * `x < c ? x : c`, floorps is floorf), the leftovers by the formulas themselves. */
+void i2s_avx2_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y) {
+    const __m256 sv = _mm256_set1_ps((float)act_sum), av = _mm256_set1_ps(a), dv = _mm256_set1_ps(d);
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(sumi + k)));
+        v = _mm256_div_ps(_mm256_sub_ps(v, sv), av);
+        _mm256_storeu_ps(y + k, _mm256_mul_ps(v, dv));
+    }
+    for (; k < n; k++) y[k] = i2s_epilogue(sumi[k], act_sum, a, d);
+}
+
+void i2s_avx2_axpy(int n, float p, const float *x, float *y) {
+    const __m256 pv = _mm256_set1_ps(p);
+    int k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_mul_ps(pv, _mm256_loadu_ps(x + k))));
+    for (; k < n; k++) y[k] = i2s_axpy1(y[k], p, x[k]);
+}
+
+#define SET1 _mm256_set1_ps
+ALWAYS_INLINE __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, SET1(I2S_EXP_LO));
+    x = _mm256_min_ps(x, SET1(I2S_EXP_HI));
+    __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, SET1(I2S_LOG2E)), SET1(0.5f)));
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, SET1(I2S_LN2_HI)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, SET1(I2S_LN2_LO)));
+    __m256 p = SET1(I2S_EXP_P0);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), SET1(I2S_EXP_P1));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), SET1(I2S_EXP_P2));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), SET1(I2S_EXP_P3));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), SET1(I2S_EXP_P4));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), SET1(I2S_EXP_P5));
+    p = _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r);
+    p = _mm256_add_ps(p, SET1(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u) {
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + k);
+        __m256 z;
+        if (gelu) {
+            z = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
+            z = _mm256_add_ps(gv, _mm256_mul_ps(SET1(I2S_GELU_K), z));
+            z = _mm256_mul_ps(SET1(I2S_GELU_M2C), z);
+        } else {
+            z = _mm256_xor_ps(gv, SET1(-0.0f)); /* -g: the sign flipped */
+        }
+        const __m256 v = _mm256_div_ps(gv, _mm256_add_ps(SET1(1.0f), exp8(z)));
+        _mm256_storeu_ps(g + k, _mm256_mul_ps(v, _mm256_loadu_ps(u + k)));
+    }
+    for (; k < n; k++) g[k] = i2s_act1(gelu, g[k], u[k]);
+}
+#undef SET1
+
 const i2s_kernel_table i2s_kernels_avx2 = {
     .name = "avx2",
     .quantize_act = i2s_avx2_quantize_act,
@@ -240,4 +300,7 @@ const i2s_kernel_table i2s_kernels_avx2 = {
     .dot_rows4 = dot_rows4,
     .dot_f16 = i2s_avx2_dot_f16,
     .dot_f32 = i2s_avx2_dot_f32,
+    .epilogue = i2s_avx2_epilogue,
+    .axpy = i2s_avx2_axpy,
+    .act_mul = i2s_avx2_act_mul,
 };

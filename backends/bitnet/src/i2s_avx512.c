@@ -79,4 +79,7 @@ const i2s_kernel_table i2s_kernels_avx512 = {
     .dot_rows4 = dot_rows4,
     .dot_f16 = i2s_avx2_dot_f16,
     .dot_f32 = i2s_avx2_dot_f32,
+    .epilogue = i2s_avx2_epilogue,
+    .axpy = i2s_avx2_axpy,
+    .act_mul = i2s_avx2_act_mul,
 };

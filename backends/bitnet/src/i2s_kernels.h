@@ -17,6 +17,7 @@
 #ifndef MLBITNET_I2S_KERNELS_H
 #define MLBITNET_I2S_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +44,14 @@ typedef struct {
      * + ((s4 + s5) + (s6 + s7)). dot_f16 widens the f16 weights exactly first. */
     float (*dot_f16)(int n, const uint16_t *w, const float *x);
     float (*dot_f32)(int n, const float *w, const float *x);
+    /* Element-wise float kernels (the prefill's row loops), each element computed by the one
+     * formula below (i2s_epilogue, i2s_axpy1, i2s_act1), so every table gives the same bits:
+     * y[k] = i2s_epilogue(sumi[k], act_sum, a, d): one token's epilogue over n weight rows; */
+    void (*epilogue)(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
+    /* y[k] = y[k] + p * x[k] (attention's weighted sum of V rows); */
+    void (*axpy)(int n, float p, const float *x, float *y);
+    /* g[k] = act(g[k]) * u[k], act SiLU (gelu 0) or the tanh GELU (gelu 1): the gated FFN. */
+    void (*act_mul)(int gelu, int n, float *g, const float *u);
 } i2s_kernel_table;
 
 const i2s_kernel_table *i2s_kernels(void);                /* the table in use */
@@ -57,7 +66,14 @@ extern const i2s_kernel_table i2s_kernels_avx512;  /* + AVX-512 F/BW/VNNI: the i
 float i2s_avx2_quantize_act(const float *x, int n, int8_t *q, int32_t *sum);
 float i2s_avx2_dot_f16(int n, const uint16_t *w, const float *x);
 float i2s_avx2_dot_f32(int n, const float *w, const float *x);
+void i2s_avx2_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
+void i2s_avx2_axpy(int n, float p, const float *x, float *y);
+void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u);
 #endif
+/* the scalar twin's element-wise kernels (i2s_scalar.c), which NEON shares */
+void i2s_scalar_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
+void i2s_scalar_axpy(int n, float p, const float *x, float *y);
+void i2s_scalar_act_mul(int gelu, int n, float *g, const float *u);
 #if defined(__aarch64__)
 extern const i2s_kernel_table i2s_kernels_neon;
 #endif
@@ -84,6 +100,68 @@ static inline float i2s_epilogue(int32_t sumi, int32_t act_sum, float a, float d
     float s = (float)sumi - (float)act_sum;
     s = s / a;
     return s * d;
+}
+
+static inline float i2s_axpy1(float y, float p, float x) { return y + p * x; }
+
+/* exp(x) for the activations, one formula on every ISA (Cephes' expf: Cody-Waite reduction by
+ * n = floor(x log2(e) + 1/2) with ln 2 split so that n * I2S_LN2_HI is exact, a degree-5
+ * polynomial, 2^n by exponent bits; products and sums rounded one by one, no FMA). x is first
+ * clamped to [-87, 88] (so 2^n stays a normal float; a NaN becomes -87: the callers' inputs are
+ * finite): within 1 ulp of exp there (measured, tests/test_bitnet_kernels.py). The SIMD tables
+ * run these steps lane by lane; each comparison is written `x > c ? x : c` as maxps / minps
+ * evaluate it. */
+#define I2S_EXP_LO -87.0f
+#define I2S_EXP_HI 88.0f
+#define I2S_LOG2E 1.44269504088896341f
+#define I2S_LN2_HI 0.693359375f
+#define I2S_LN2_LO -2.12194440e-4f
+#define I2S_EXP_P0 1.9875691500e-4f
+#define I2S_EXP_P1 1.3981999507e-3f
+#define I2S_EXP_P2 8.3334519073e-3f
+#define I2S_EXP_P3 4.1665795894e-2f
+#define I2S_EXP_P4 1.6666665459e-1f
+#define I2S_EXP_P5 5.0000001201e-1f
+
+static inline float i2s_exp(float x) {
+    x = x > I2S_EXP_LO ? x : I2S_EXP_LO;
+    x = x < I2S_EXP_HI ? x : I2S_EXP_HI;
+    float n = floorf(x * I2S_LOG2E + 0.5f);
+    float r = x - n * I2S_LN2_HI;
+    r = r - n * I2S_LN2_LO;
+    float p = I2S_EXP_P0;
+    p = p * r + I2S_EXP_P1;
+    p = p * r + I2S_EXP_P2;
+    p = p * r + I2S_EXP_P3;
+    p = p * r + I2S_EXP_P4;
+    p = p * r + I2S_EXP_P5;
+    p = p * (r * r) + r;
+    p = p + 1.0f;
+    union {
+        uint32_t u;
+        float f;
+    } two_n = {.u = (uint32_t)((int32_t)n + 127) << 23};
+    return p * two_n.f;
+}
+
+/* SiLU g / (1 + exp(-g)); the tanh GELU 0.5 g (1 + tanh(c (g + 0.044715 g^3))), c = sqrt(2/pi),
+ * as g / (1 + exp(-2c (g + 0.044715 g^3))) (the same function: 1 + tanh(z) = 2 / (1 + e^-2z)) */
+#define I2S_GELU_K 0.044715f
+#define I2S_GELU_M2C -1.59576912160573071f /* -2 sqrt(2 / pi) */
+
+static inline float i2s_act1(int gelu, float g, float u) {
+    float z;
+    if (gelu) {
+        z = g * g;
+        z = z * g;
+        z = I2S_GELU_K * z;
+        z = g + z;
+        z = I2S_GELU_M2C * z;
+    } else {
+        z = -g;
+    }
+    float e = i2s_exp(z);
+    return g / (1.0f + e) * u;
 }
 
 #endif

@@ -159,4 +159,7 @@ const i2s_kernel_table i2s_kernels_neon = {
     .dot_rows4 = dot_rows4,
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
+    .epilogue = i2s_scalar_epilogue, /* the element-wise kernels: the twin's */
+    .axpy = i2s_scalar_axpy,
+    .act_mul = i2s_scalar_act_mul,
 };

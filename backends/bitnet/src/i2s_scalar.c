@@ -7,6 +7,8 @@
  *
  * dot_f16 / dot_f32 (the table's comment): eight running sums, element k into sum k % 8, each
  * product rounded and then added, combined pairwise; f16 weights widened exactly (f16.c).
+ *
+ * epilogue / axpy / act_mul: the header's one-element formulas in a loop (NEON shares these).
  */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -66,6 +68,18 @@ static float dot_f32(int n, const float *w, const float *x) {
     return i2s_f32_dot_end(0, n, w, x, s);
 }
 
+void i2s_scalar_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y) {
+    for (int k = 0; k < n; k++) y[k] = i2s_epilogue(sumi[k], act_sum, a, d);
+}
+
+void i2s_scalar_axpy(int n, float p, const float *x, float *y) {
+    for (int k = 0; k < n; k++) y[k] = i2s_axpy1(y[k], p, x[k]);
+}
+
+void i2s_scalar_act_mul(int gelu, int n, float *g, const float *u) {
+    for (int k = 0; k < n; k++) g[k] = i2s_act1(gelu, g[k], u[k]);
+}
+
 const i2s_kernel_table i2s_kernels_scalar = {
     .name = "scalar",
     .quantize_act = quantize_act,
@@ -74,4 +88,7 @@ const i2s_kernel_table i2s_kernels_scalar = {
     .dot_rows4 = dot_rows4,
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
+    .epilogue = i2s_scalar_epilogue,
+    .axpy = i2s_scalar_axpy,
+    .act_mul = i2s_scalar_act_mul,
 };

@@ -10,7 +10,11 @@
  *   "dot_rows4":    a = four packed rows (4 * n / 4 bytes), b = int8 x[n]; out = int32[4];
  *   "dot_f16":      a = f16 bits w[n], b = float x[n]; out = float;
  *   "dot_f32":      a = float w[n], b = float x[n]; out = float.
- * The integer dots need n a positive multiple of 128, the float dots n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
+ *   "epilogue":     a = int32 sumi[n], b = {int32 act_sum, float a, float d}; out = float y[n];
+ *   "axpy":         a = float x[n], b = {float p, float y[n]}; out = float y[n] after y += p x;
+ *   "silu_mul", "gelu_mul": a = float g[n], b = float u[n]; out = float act(g) * u [n];
+ *   "exp":          a = float x[n]; out = float i2s_exp(x) [n] (the header's formula, no table).
+ * out holds at least 16 bytes. The integer dots need n a positive multiple of 128, the others n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
  * op) or ML_E_UNSUPPORTED (ISA not built or not runnable on this CPU). The ISA in use (ml_isa) is
  * not changed.
  */
@@ -36,7 +40,32 @@ ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const vo
         memcpy(out, &y, sizeof y);
         return ML_OK;
     }
-    if (b == NULL || n % I2S_BLOCK) return ML_E_ARG;
+    if (strcmp(op, "exp") == 0) {
+        for (int k = 0; k < n; k++) ((float *)out)[k] = i2s_exp(((const float *)a)[k]);
+        return ML_OK;
+    }
+    if (b == NULL) return ML_E_ARG;
+    if (strcmp(op, "epilogue") == 0) {
+        int32_t act_sum;
+        float p[2];
+        memcpy(&act_sum, b, 4);
+        memcpy(p, (const uint8_t *)b + 4, 8);
+        t->epilogue(n, a, act_sum, p[0], p[1], out);
+        return ML_OK;
+    }
+    if (strcmp(op, "axpy") == 0) {
+        float p;
+        memcpy(&p, b, 4);
+        memcpy(out, (const float *)b + 1, sizeof(float) * (size_t)n);
+        t->axpy(n, p, a, out);
+        return ML_OK;
+    }
+    if (strcmp(op, "silu_mul") == 0 || strcmp(op, "gelu_mul") == 0) {
+        memcpy(out, a, sizeof(float) * (size_t)n);
+        t->act_mul(op[0] == 'g', n, out, b);
+        return ML_OK;
+    }
+    if (n % I2S_BLOCK) return ML_E_ARG;
     int32_t r[4];
     if (strcmp(op, "dot") == 0) {
         r[0] = t->dot(n, a, b);

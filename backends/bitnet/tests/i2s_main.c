@@ -143,6 +143,36 @@ static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
         (*checks) += 2;
         if (memcmp(&f0, &f1, 4) && bad++ < 10) fprintf(stderr, "%s dot_f16 n %d: %a vs %a\n", t->name, n, f0, f1);
         if (memcmp(&g0, &g1, 4) && bad++ < 10) fprintf(stderr, "%s dot_f32 n %d: %a vs %a\n", t->name, n, g0, g1);
+        /* element-wise kernels (epilogue, axpy, act_mul): integer sums of any size, activations
+         * from tiny to past exp's clamp, both signs, the same bits as the twin's formulas */
+        static int32_t si[MAXN];
+        static float y0[MAXN], y1[MAXN], u[MAXN];
+        for (int k = 0; k < n; k++) {
+            si[k] = (int32_t)(rnd() >> 32) >> (rnd() % 32);
+            x[k] = ldexpf(unit() * 2.0f - 1.0f, (int)(rnd() % 16) - 8) * (rnd() % 8 ? 1.0f : 64.0f);
+            u[k] = ldexpf(unit() * 2.0f - 1.0f, (int)(rnd() % 20) - 10);
+        }
+        float sa = ldexpf(1.0f + unit(), (int)(rnd() % 40) - 20), sd = unit() + 0.01f;
+        int32_t ss = (int32_t)(rnd() >> 40) - (1 << 23);
+        s->epilogue(n, si, ss, sa, sd, y0);
+        t->epilogue(n, si, ss, sa, sd, y1);
+        (*checks)++;
+        if (memcmp(y0, y1, sizeof(float) * (size_t)n) && bad++ < 10) fprintf(stderr, "%s epilogue n %d\n", t->name, n);
+        memcpy(y0, u, sizeof(float) * (size_t)n);
+        memcpy(y1, u, sizeof(float) * (size_t)n);
+        s->axpy(n, sa, x, y0);
+        t->axpy(n, sa, x, y1);
+        (*checks)++;
+        if (memcmp(y0, y1, sizeof(float) * (size_t)n) && bad++ < 10) fprintf(stderr, "%s axpy n %d\n", t->name, n);
+        for (int gelu = 0; gelu < 2; gelu++) {
+            memcpy(y0, x, sizeof(float) * (size_t)n);
+            memcpy(y1, x, sizeof(float) * (size_t)n);
+            s->act_mul(gelu, n, y0, u);
+            t->act_mul(gelu, n, y1, u);
+            (*checks)++;
+            if (memcmp(y0, y1, sizeof(float) * (size_t)n) && bad++ < 10)
+                fprintf(stderr, "%s act_mul gelu %d n %d\n", t->name, gelu, n);
+        }
     }
     return bad;
 }
