@@ -214,6 +214,23 @@ def test_long_sequences_agree(lib, models, flavor, outtype):
     assert worst_rel < 5e-2 and worst_cos > 0.9995
 
 
+@pytest.mark.parametrize("window", [1, 2, 3, 5])
+def test_short_sliding_windows_match_reference(lib, tmp_path, window):
+    """Gemma sliding windows shorter than, and just past, the 4 queries that attend together
+    (embed.c ATT_BLOCK): every query keeps exactly its own keys, in order."""
+    ck = bitnet_models.build("gemma3_text", tmp_path / "ckpt", seed=5, pooling="mean", sliding_window=window)
+    path = tmp_path / "m.gguf"
+    convert(ck, path, "f32")
+    ref = bitnet.load_gguf(path)
+    _, e, _ = lib.load(path, threads=2)
+    for toks in (TOKENS[:4], TOKENS[:7], TOKENS):
+        for pool in POOLS:
+            rc, got = lib.embed(e, toks, POOLS[pool], False)
+            assert rc == ML_OK
+            rel, cos = _cmp(got, bitnet.embed(ref, toks, pooling=pool))
+            assert rel < REL_TOL and cos > COS_MIN, (window, len(toks), pool, rel, cos)
+
+
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_model_pooling_is_the_gguf_pooling_type(lib, models, flavor):
     path, ref = models[flavor, "i2_s"]

@@ -14,8 +14,9 @@ one ISA, so every table runnable here (scalar, avx2 on x86-64) is compared with 
   +-0.5 / 1.5 ties of w * s, a tensor whose float mean depends on the float64 summation order,
   which NumPy does pairwise); ml_i2s_quantize_act / ml_i2s_matmul: bit-identical to
   quantize_activations / bitlinear, under every ISA (ml_set_isa); the refusals of mlrt.h;
-- the prefill's element-wise kernels (epilogue, axpy, act_mul): the header's one-element formulas
-  bit for bit on every ISA, and the activations' exp / SiLU / GELU against float64.
+- the prefill's element-wise kernels (epilogue, axpy, axpy4, act_mul) and attention's dot_f32x4:
+  the header's formulas bit for bit on every ISA, and the activations' exp / SiLU / GELU against
+  float64.
 NEON: backends/bitnet/tests/i2s_main.c cross-compiled for aarch64 (-static) runs the neon and
 scalar tables and the API under qemu-aarch64 -cpu max on the same inputs, compared with the
 reference here (skipped when aarch64-linux-gnu-gcc or qemu-aarch64 is missing); the same driver
@@ -341,13 +342,19 @@ def test_float_dots_follow_the_table_order(lib, isa, seed):
                                               lib.ffi.from_buffer(out))
             assert rc == ML_OK
             assert out.view(F32)[0].tobytes() == want.tobytes(), f"{isa} {op} n {n}"
+        xs = np.stack([x, -x[::-1], wf * F32(0.5), x * wf]).astype(F32)     # one key row, four queries
+        want4 = np.array([_float_dot(wf, r) for r in xs], F32)
+        _same_bits(_kernel_f32(lib, isa, "dot_f32x4", wf, xs, count=4), want4, f"{isa} dot_f32x4 n {n}")
 
 
 # ---------------------------------------------------------------- element-wise kernels
-def _kernel_f32(lib, isa, op, a, b=None) -> np.ndarray:
-    rc, out = lib.kernel(isa, op, a.size, a, b, out_bytes=4 * a.size)
+def _kernel_f32(lib, isa, op, a, b=None, count: int | None = None, n: int | None = None) -> np.ndarray:
+    """The hook's first count floats (default n) of op on n values (default a.size)."""
+    n = a.size if n is None else n
+    count = n if count is None else count
+    rc, out = lib.kernel(isa, op, n, a, b, out_bytes=4 * count)
     assert rc == ML_OK, f"{isa} {op}"
-    return out[:4 * a.size].view(F32).copy()
+    return out[:4 * count].view(F32).copy()
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
@@ -416,6 +423,10 @@ def test_elementwise_kernels_follow_the_formulas(lib, isa, seed):
         p = F32(rng.standard_normal())
         _same_bits(_kernel_f32(lib, isa, "axpy", x, np.concatenate([[p], y]).astype(F32)), y + p * x,
                    f"{isa} axpy n {n}")
+        p4 = rng.standard_normal(4).astype(F32)
+        y4 = np.stack([y, -y, y[::-1], y * F32(3)]).astype(F32)
+        got = _kernel_f32(lib, isa, "axpy4", x, np.concatenate([p4, y4.ravel()]).astype(F32), count=4 * n)
+        _same_bits(got, (y4 + p4[:, None] * x).ravel(), f"{isa} axpy4 n {n}")
         for op in ("silu_mul", "gelu_mul"):
             _same_bits(_kernel_f32(lib, isa, op, x, y), _header_act(op[0] == "g", x, y), f"{isa} {op} n {n}")
 

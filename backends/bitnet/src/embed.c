@@ -50,6 +50,8 @@
 #define TOKEN_CHUNK 8         /* tokens per pass over a range of weight rows (a multiple of 4): 8 rows of int8
                                * activations (8 x 3072 bytes at most here) stay in L1 while the weight rows
                                * stream past; 64 went to L2 and was 9% slower on the 0.6B bench */
+#define ATT_BLOCK 4           /* queries that attend together (each key and value row read once for them);
+                               * every query's scores, softmax and sum are computed as if alone */
 #define ROW_TILE 64           /* weight rows whose integer dots are gathered before their epilogue */
 
 /* ---------------------------------------------------------------- model */
@@ -604,7 +606,7 @@ static int scratch_new(const ml_embedder *e, int n, scratch *s) {
     s->y = alloc(ml_mul_size(N, D > F ? D : F, &ovf), sizeof(float), &ok);
     s->g = alloc(ml_mul_size(N, F, &ovf), sizeof(float), &ok);
     s->u = alloc(ml_mul_size(N, F, &ovf), sizeof(float), &ok);
-    s->scores = alloc(ml_mul_size(N, (size_t)e->n_heads, &ovf), sizeof(float), &ok);
+    s->scores = alloc(ml_mul_size(N, (size_t)e->n_heads * ATT_BLOCK, &ovf), sizeof(float), &ok);
     size_t rt = ml_mul_size(N, (size_t)e->hd / 2, &ovf);
     s->cos0 = alloc(rt, sizeof(float), &ok), s->sin0 = alloc(rt, sizeof(float), &ok);
     s->cos1 = alloc(rt, sizeof(float), &ok), s->sin1 = alloc(rt, sizeof(float), &ok);
@@ -734,34 +736,82 @@ typedef struct {
     int n, sliding;
 } attn_job;
 
-static void attn_heads(void *arg, int64_t h0, int64_t h1) {
-    const attn_job *j = arg;
+static int window_start(const attn_job *j, int i) {
+    int w = j->e->window;
+    return j->sliding && w > 0 && i - w + 1 > 0 ? i - w + 1 : 0;
+}
+
+/* o += p v_t (value row t of head h's KV head) */
+static void weigh(const attn_job *j, int64_t h, float p, int t, float *o) {
+    const ml_embedder *e = j->e;
+    size_t kvd = (size_t)e->n_kv * (size_t)e->hd, kvo = (size_t)(h / (e->n_heads / e->n_kv)) * (size_t)e->hd;
+    e->k->axpy(e->hd, p, j->s->v + (size_t)t * kvd + kvo, o);
+}
+
+/* Queries [i0, i0 + m) of head h, m = ATT_BLOCK or the last 1..3 alone (m = 1 each). Query i sees
+ * keys [window_start(i), i]; sc (m rows of n) holds its scores, then its softmax weights, 0 where
+ * masked (exp(-inf) in the reference) so that the pairwise total is the reference's. */
+static void attend(const attn_job *j, int64_t h, int i0, int m, float *sc) {
     const ml_embedder *e = j->e;
     const scratch *s = j->s;
-    int n = j->n, hd = e->hd, rep = e->n_heads / e->n_kv;
+    const i2s_kernel_table *k = e->k;
+    int n = j->n, hd = e->hd;
     size_t qd = (size_t)e->n_heads * (size_t)hd, kvd = (size_t)e->n_kv * (size_t)hd;
+    size_t kvo = (size_t)(h / (e->n_heads / e->n_kv)) * (size_t)hd;
+    const float *q[ATT_BLOCK];
+    float *o[ATT_BLOCK], tot[ATT_BLOCK];
+    int lo[ATT_BLOCK];
+    for (int u = 0; u < m; u++) {
+        q[u] = s->q + (size_t)(i0 + u) * qd + (size_t)h * (size_t)hd;
+        o[u] = s->att + (size_t)(i0 + u) * qd + (size_t)h * (size_t)hd;
+        lo[u] = window_start(j, i0 + u);
+    }
+    /* q . k: the table's dot_f32 order on every ISA; keys of the block's union, masked after */
+    int t_lo = lo[0], t_hi = i0 + m - 1;
+    for (int t = t_lo; t <= t_hi; t++) {
+        const float *kt = s->k + (size_t)t * kvd + kvo;
+        float d[ATT_BLOCK];
+        if (m == ATT_BLOCK)
+            k->dot_f32x4(hd, kt, q, d);
+        else
+            d[0] = k->dot_f32(hd, kt, q[0]);
+        for (int u = 0; u < m; u++) sc[(size_t)u * n + t] = d[u] * e->attn_scale;
+    }
+    for (int u = 0; u < m; u++) {
+        float *r = sc + (size_t)u * n, mx = -INFINITY;
+        int a = lo[u], b = i0 + u;
+        for (int t = a; t <= b; t++) mx = r[t] > mx ? r[t] : mx;
+        for (int t = 0; t < a; t++) r[t] = 0;
+        for (int t = a; t <= b; t++) r[t] = expf(r[t] - mx);
+        for (int t = b + 1; t < n; t++) r[t] = 0;
+        tot[u] = pairwise_sum(r, n);
+        for (int c = 0; c < hd; c++) o[u][c] = 0;
+    }
+    /* o = sum over t ascending of (w_t / total) v_t: each query's leading keys [lo, c_lo), the
+     * keys [c_lo, c_hi] every query of the block sees (axpy4; none when the window is shorter than
+     * the block), then each query's trailing keys */
+    int c_lo = m == ATT_BLOCK ? lo[m - 1] : n, c_hi = i0;
+    for (int u = 0; u < m; u++) {
+        int end = c_lo < i0 + u + 1 ? c_lo : i0 + u + 1;
+        for (int t = lo[u]; t < end; t++) weigh(j, h, sc[(size_t)u * n + t] / tot[u], t, o[u]);
+    }
+    for (int t = c_lo; t <= c_hi; t++) {
+        float p[ATT_BLOCK];
+        for (int u = 0; u < m; u++) p[u] = sc[(size_t)u * n + t] / tot[u];
+        k->axpy4(hd, p, s->v + (size_t)t * kvd + kvo, o);
+    }
+    for (int u = 0; u < m; u++)
+        for (int t = c_hi + 1 > c_lo ? c_hi + 1 : c_lo; t <= i0 + u; t++)
+            weigh(j, h, sc[(size_t)u * n + t] / tot[u], t, o[u]);
+}
+
+static void attn_heads(void *arg, int64_t h0, int64_t h1) {
+    const attn_job *j = arg;
     for (int64_t h = h0; h < h1; h++) {
-        float *sc = s->scores + (size_t)h * (size_t)n;
-        size_t kvo = (size_t)(h / rep) * (size_t)hd;
-        for (int i = 0; i < n; i++) {
-            const float *q = s->q + (size_t)i * qd + (size_t)h * (size_t)hd;
-            int j0 = j->sliding && e->window > 0 && i - e->window + 1 > 0 ? i - e->window + 1 : 0;
-            float mx = -INFINITY;
-            for (int t = 0; t < n; t++) {
-                if (t < j0 || t > i) {
-                    sc[t] = 0;
-                    continue;
-                }
-                /* q . k: the table's dot_f32, eight running sums in a fixed order on every ISA */
-                sc[t] = e->k->dot_f32(hd, s->k + (size_t)t * kvd + kvo, q) * e->attn_scale;
-                mx = sc[t] > mx ? sc[t] : mx;
-            }
-            for (int t = j0; t <= i; t++) sc[t] = expf(sc[t] - mx);
-            float tot = pairwise_sum(sc, n); /* masked entries are 0, as exp(-inf) in the reference */
-            float *o = s->att + (size_t)i * qd + (size_t)h * (size_t)hd;
-            for (int c = 0; c < hd; c++) o[c] = 0;
-            for (int t = j0; t <= i; t++) e->k->axpy(hd, sc[t] / tot, s->v + (size_t)t * kvd + kvo, o);
-        }
+        float *sc = j->s->scores + (size_t)h * ATT_BLOCK * (size_t)j->n;
+        int i = 0;
+        for (; i + ATT_BLOCK <= j->n; i += ATT_BLOCK) attend(j, h, i, ATT_BLOCK, sc);
+        for (; i < j->n; i++) attend(j, h, i, 1, sc);
     }
 }
 

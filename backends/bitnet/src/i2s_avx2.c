@@ -232,6 +232,20 @@ float i2s_avx2_dot_f32(int n, const float *w, const float *x) {
     return i2s_f32_dot_end(k, n, w, x, s);
 }
 
+void i2s_avx2_dot_f32x4(int n, const float *w, const float *const x[4], float out[4]) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 wv = _mm256_loadu_ps(w + k);
+        for (int i = 0; i < 4; i++) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(wv, _mm256_loadu_ps(x[i] + k)));
+    }
+    for (int i = 0; i < 4; i++) {
+        float s[8];
+        _mm256_storeu_ps(s, acc[i]);
+        out[i] = i2s_f32_dot_end(k, n, w, x[i], s);
+    }
+}
+
 /* The element-wise kernels: the header's one-element formulas eight lanes at a time, each step
  * the same IEEE operation (cvtdq2ps is (float) of an int32, maxps / minps are `x > c ? x : c` /
  * `x < c ? x : c`, floorps is floorf), the leftovers by the formulas themselves. */
@@ -252,6 +266,22 @@ void i2s_avx2_axpy(int n, float p, const float *x, float *y) {
     for (; k + 8 <= n; k += 8)
         _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_mul_ps(pv, _mm256_loadu_ps(x + k))));
     for (; k < n; k++) y[k] = i2s_axpy1(y[k], p, x[k]);
+}
+
+void i2s_avx2_axpy4(int n, const float p[4], const float *x, float *const y[4]) {
+    const __m256 p0 = _mm256_set1_ps(p[0]), p1 = _mm256_set1_ps(p[1]), p2 = _mm256_set1_ps(p[2]),
+                 p3 = _mm256_set1_ps(p[3]);
+    float *y0 = y[0], *y1 = y[1], *y2 = y[2], *y3 = y[3];
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + k);
+        _mm256_storeu_ps(y0 + k, _mm256_add_ps(_mm256_loadu_ps(y0 + k), _mm256_mul_ps(p0, xv)));
+        _mm256_storeu_ps(y1 + k, _mm256_add_ps(_mm256_loadu_ps(y1 + k), _mm256_mul_ps(p1, xv)));
+        _mm256_storeu_ps(y2 + k, _mm256_add_ps(_mm256_loadu_ps(y2 + k), _mm256_mul_ps(p2, xv)));
+        _mm256_storeu_ps(y3 + k, _mm256_add_ps(_mm256_loadu_ps(y3 + k), _mm256_mul_ps(p3, xv)));
+    }
+    for (; k < n; k++)
+        for (int i = 0; i < 4; i++) y[i][k] = i2s_axpy1(y[i][k], p[i], x[k]);
 }
 
 #define SET1 _mm256_set1_ps
@@ -300,7 +330,9 @@ const i2s_kernel_table i2s_kernels_avx2 = {
     .dot_rows4 = dot_rows4,
     .dot_f16 = i2s_avx2_dot_f16,
     .dot_f32 = i2s_avx2_dot_f32,
+    .dot_f32x4 = i2s_avx2_dot_f32x4,
     .epilogue = i2s_avx2_epilogue,
     .axpy = i2s_avx2_axpy,
+    .axpy4 = i2s_avx2_axpy4,
     .act_mul = i2s_avx2_act_mul,
 };

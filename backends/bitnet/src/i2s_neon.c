@@ -151,6 +151,10 @@ static float dot_f32(int n, const float *w, const float *x) {
     return i2s_f32_dot_end(k, n, w, x, s);
 }
 
+static void dot_f32x4(int n, const float *w, const float *const x[4], float out[4]) {
+    for (int i = 0; i < 4; i++) out[i] = dot_f32(n, w, x[i]);
+}
+
 const i2s_kernel_table i2s_kernels_neon = {
     .name = "neon",
     .quantize_act = quantize_act,
@@ -159,7 +163,9 @@ const i2s_kernel_table i2s_kernels_neon = {
     .dot_rows4 = dot_rows4,
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
+    .dot_f32x4 = dot_f32x4,
     .epilogue = i2s_scalar_epilogue, /* the element-wise kernels: the twin's */
     .axpy = i2s_scalar_axpy,
+    .axpy4 = i2s_scalar_axpy4,
     .act_mul = i2s_scalar_act_mul,
 };

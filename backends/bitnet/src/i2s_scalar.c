@@ -8,7 +8,8 @@
  * dot_f16 / dot_f32 (the table's comment): eight running sums, element k into sum k % 8, each
  * product rounded and then added, combined pairwise; f16 weights widened exactly (f16.c).
  *
- * epilogue / axpy / act_mul: the header's one-element formulas in a loop (NEON shares these).
+ * epilogue / axpy / act_mul: the header's one-element formulas in a loop (NEON shares these);
+ * dot_f32x4 / axpy4: the one-row kernels four times.
  */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -76,6 +77,14 @@ void i2s_scalar_axpy(int n, float p, const float *x, float *y) {
     for (int k = 0; k < n; k++) y[k] = i2s_axpy1(y[k], p, x[k]);
 }
 
+void i2s_scalar_axpy4(int n, const float p[4], const float *x, float *const y[4]) {
+    for (int i = 0; i < 4; i++) i2s_scalar_axpy(n, p[i], x, y[i]);
+}
+
+void i2s_scalar_dot_f32x4(int n, const float *w, const float *const x[4], float out[4]) {
+    for (int i = 0; i < 4; i++) out[i] = dot_f32(n, w, x[i]);
+}
+
 void i2s_scalar_act_mul(int gelu, int n, float *g, const float *u) {
     for (int k = 0; k < n; k++) g[k] = i2s_act1(gelu, g[k], u[k]);
 }
@@ -88,7 +97,9 @@ const i2s_kernel_table i2s_kernels_scalar = {
     .dot_rows4 = dot_rows4,
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
+    .dot_f32x4 = i2s_scalar_dot_f32x4,
     .epilogue = i2s_scalar_epilogue,
     .axpy = i2s_scalar_axpy,
+    .axpy4 = i2s_scalar_axpy4,
     .act_mul = i2s_scalar_act_mul,
 };

@@ -10,8 +10,10 @@
  *   "dot_rows4":    a = four packed rows (4 * n / 4 bytes), b = int8 x[n]; out = int32[4];
  *   "dot_f16":      a = f16 bits w[n], b = float x[n]; out = float;
  *   "dot_f32":      a = float w[n], b = float x[n]; out = float.
+ *   "dot_f32x4":    a = float w[n], b = float x[4][n]; out = float[4];
  *   "epilogue":     a = int32 sumi[n], b = {int32 act_sum, float a, float d}; out = float y[n];
  *   "axpy":         a = float x[n], b = {float p, float y[n]}; out = float y[n] after y += p x;
+ *   "axpy4":        a = float x[n], b = {float p[4], float y[4][n]}; out = float y[4][n] after;
  *   "silu_mul", "gelu_mul": a = float g[n], b = float u[n]; out = float act(g) * u [n];
  *   "exp":          a = float x[n]; out = float i2s_exp(x) [n] (the header's formula, no table).
  * out holds at least 16 bytes. The integer dots need n a positive multiple of 128, the others n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
@@ -58,6 +60,18 @@ ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const vo
         memcpy(&p, b, 4);
         memcpy(out, (const float *)b + 1, sizeof(float) * (size_t)n);
         t->axpy(n, p, a, out);
+        return ML_OK;
+    }
+    if (strcmp(op, "dot_f32x4") == 0) {
+        const float *x = b, *xs[4] = {x, x + n, x + 2 * (size_t)n, x + 3 * (size_t)n};
+        t->dot_f32x4(n, a, xs, out);
+        return ML_OK;
+    }
+    if (strcmp(op, "axpy4") == 0) {
+        float p[4], *y = out, *ys[4] = {y, y + n, y + 2 * (size_t)n, y + 3 * (size_t)n};
+        memcpy(p, b, sizeof p);
+        memcpy(out, (const float *)b + 4, 4 * sizeof(float) * (size_t)n);
+        t->axpy4(n, p, a, ys);
         return ML_OK;
     }
     if (strcmp(op, "silu_mul") == 0 || strcmp(op, "gelu_mul") == 0) {

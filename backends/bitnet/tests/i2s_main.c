@@ -143,6 +143,20 @@ static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
         (*checks) += 2;
         if (memcmp(&f0, &f1, 4) && bad++ < 10) fprintf(stderr, "%s dot_f16 n %d: %a vs %a\n", t->name, n, f0, f1);
         if (memcmp(&g0, &g1, 4) && bad++ < 10) fprintf(stderr, "%s dot_f32 n %d: %a vs %a\n", t->name, n, g0, g1);
+        {   /* one key row against four query rows (x and three reversals of wf's pieces) */
+            static float q4[3][MAXN];
+            for (int k = 0; k < n; k++) q4[0][k] = wf[n - 1 - k], q4[1][k] = -x[k], q4[2][k] = x[k] * 0.5f;
+            const float *xq[4] = {x, q4[0], q4[1], q4[2]};
+            float o0[4], o1[4];
+            s->dot_f32x4(n, wf, xq, o0);
+            t->dot_f32x4(n, wf, xq, o1);
+            for (int u = 0; u < 4; u++) {
+                float want = s->dot_f32(n, wf, xq[u]);
+                (*checks)++;
+                if ((memcmp(&o0[u], &want, 4) || memcmp(&o1[u], &want, 4)) && bad++ < 10)
+                    fprintf(stderr, "%s dot_f32x4 n %d row %d: %a %a vs %a\n", t->name, n, u, o0[u], o1[u], want);
+            }
+        }
         /* element-wise kernels (epilogue, axpy, act_mul): integer sums of any size, activations
          * from tiny to past exp's clamp, both signs, the same bits as the twin's formulas */
         static int32_t si[MAXN];
@@ -164,6 +178,23 @@ static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
         t->axpy(n, sa, x, y1);
         (*checks)++;
         if (memcmp(y0, y1, sizeof(float) * (size_t)n) && bad++ < 10) fprintf(stderr, "%s axpy n %d\n", t->name, n);
+        {   /* four (p, y) against one x: each row as the one-row axpy */
+            static float ya[4][MAXN], yb[4][MAXN], yc[MAXN];
+            const float p4[4] = {sa, -sd, sd * 3.0f, -1.0f};
+            float *pa[4] = {ya[0], ya[1], ya[2], ya[3]}, *pb[4] = {yb[0], yb[1], yb[2], yb[3]};
+            for (int r4 = 0; r4 < 4; r4++)
+                for (int k = 0; k < n; k++) ya[r4][k] = yb[r4][k] = u[(k + 17 * r4) % n];
+            s->axpy4(n, p4, x, pa);
+            t->axpy4(n, p4, x, pb);
+            int differ = 0;
+            for (int r4 = 0; r4 < 4; r4++) {
+                for (int k = 0; k < n; k++) yc[k] = u[(k + 17 * r4) % n];
+                s->axpy(n, p4[r4], x, yc);
+                differ |= memcmp(ya[r4], yc, sizeof(float) * (size_t)n) || memcmp(yb[r4], yc, sizeof(float) * (size_t)n);
+            }
+            (*checks)++;
+            if (differ && bad++ < 10) fprintf(stderr, "%s axpy4 n %d\n", t->name, n);
+        }
         for (int gelu = 0; gelu < 2; gelu++) {
             memcpy(y0, x, sizeof(float) * (size_t)n);
             memcpy(y1, x, sizeof(float) * (size_t)n);
