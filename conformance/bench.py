@@ -652,7 +652,7 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
             params = _projection_params(shape)
             for th in threads:
                 for seq in seqs:
-                    rep = 2 if seq <= 512 else 1
+                    rep = 4 if seq <= 256 else 2 if seq <= 512 else 1     # short runs: more noise
                     t = {"F16 teacher": bitnet_prefill(files["F16 teacher"], seq, th, rep),
                          "I2_S student": bitnet_prefill(files["I2_S student"], seq, th, rep)}
                     if have_llama:
@@ -701,8 +701,8 @@ def bitnet_report(out: str | Path | None = None, workdir: str | None = None, sha
         "(ml_embed: every token through every layer, pooled and normalized), its own reading of each "
         "file (F16: float matmuls; I2_S: ternary). " + llama_note + " GOPS counts the seven "
         "projections' multiply-adds (2 x weights x tokens); weight_GB_s their bytes (F16: 2 per "
-        "weight; I2_S: 1/4) over the time, of_read_bw against the read bandwidth above. Best of 2 up "
-        "to 512 tokens, one run above.", ""])
+        "weight; I2_S: 1/4) over the time, of_read_bw against the read bandwidth above. Best of 4 up "
+        "to 256 tokens, of 2 at 512, one run above.", ""])
     if out is not None:
         from mlconf.tools.mlb import atomic_write
         Path(out).parent.mkdir(parents=True, exist_ok=True)
