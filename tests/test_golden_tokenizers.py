@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import unicodedata
 from importlib import metadata
 
 import pytest
@@ -81,8 +80,9 @@ def test_byte_level_decode_round_trip(name):
     tok = convert(name)
     enc = Encoder(tok)
     skip = 1 if tok.flags & FLAG_ADD_BOS else 0
+    hf_nfc = pytest.importorskip("tokenizers").normalizers.NFC().normalize_str   # HF's, as the ids are
     for k, text in TEXTS.items():
-        want = unicodedata.normalize("NFC", text) if tok.flags & FLAG_NFC else text
+        want = hf_nfc(text) if tok.flags & FLAG_NFC else text
         assert enc.decode(committed_ids(name)[k][skip:]) == want.encode("utf-8"), k
 
 

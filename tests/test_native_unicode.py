@@ -1,16 +1,21 @@
-"""The native runtime's Unicode (backends/native/src/unicode.c) against Python's.
+"""The native runtime's Unicode (backends/native/src/unicode.c) against the reference's, and both
+against HF tokenizers over every code point.
 
-The library is built with backends/native/build.py (which generates src/unicode_tables.h from
-unicodedata with tools/gen_unicode_tables.py) and loaded with cffi in ABI mode; the test-only
-entry point mlrt_test_unicode (src/testhooks.c) runs one function of unicode.h:
-- class: every code point U+0000..U+10FFFF (and beyond) against unicode_classes.char_class;
-- version: unicodedata.unidata_version, the version the reference follows;
+The library is built with backends/native/build.py (which renders src/unicode_tables.h from
+specs/unicode.json with tools/gen_unicode_tables.py) and loaded with cffi in ABI mode; the
+test-only entry point mlrt_test_unicode (src/testhooks.c) runs one function of unicode.h:
+- class: every code point U+0000..U+10FFFF (and beyond) against unicode_classes.code (the regex
+  class plus the numeric bit of Digits);
+- version: the versions specs/unicode.json names;
 - decode / offsets: bytes.decode("utf-8", "replace") on adversarial byte strings (truncated,
   overlong, surrogate, above U+10FFFF, stray continuation bytes) and hypothesis bytes
   (specs/decisions.yaml tok.invalid_utf8);
-- nfc: unicodedata.normalize("NFC") on every code point alone, on (base, mark) pairs, on built
-  sequences (Hangul jamo, marks out of order, exclusions, singletons, blocked compositions) and
-  on hypothesis text.
+- nfc: the reference's NFC (backends/reference/nfc.py, Unicode 9.0) on every code point alone, on
+  (base, mark) pairs, on built sequences (Hangul jamo, marks out of order, exclusions, singletons,
+  blocked compositions, marks and compositions newer than 9.0) and on hypothesis text.
+The HF probe (pytest -m oracle, tools/unicode_probe.py) runs HF's regex classes, its Digits
+pre-tokenizer and its NFC normalizer over every code point and every sequence NFC can change, and
+compares both backends with them: a change of HF's Unicode data fails naming the code points.
 The class, NFC and decode checks also run through a small C driver on the -m32 build, the
 AddressSanitizer/UBSan build and the aarch64 build under qemu-user (each skipped, with the reason,
 when this machine cannot build or run it).
@@ -30,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlconf.backends.reference import unicode_classes
+from mlconf.backends.reference.nfc import nfc
 
 NATIVE = Path(__file__).resolve().parents[1] / "backends" / "native"
 ML_OK, ML_E_ARG = 0, 4
@@ -122,12 +128,13 @@ def test_class_of_every_code_point(uc):
     assert bad.size == 0, [(hex(c), int(got[c]), int(want[c])) for c in bad[:10]]
     # class_ranges() is the definition; char_class is what the reference tokenizer calls.
     sample = np.random.default_rng(0).choice(NON_SURROGATES, 20000, replace=False)
-    assert [unicode_classes.char_class(chr(c)) for c in sample] == want[sample].tolist()
+    assert [unicode_classes.code(chr(c)) for c in sample] == want[sample].tolist()
     assert uc.classes([0x110000, 0xFFFFFFFF]).tolist() == [unicode_classes.OTHER] * 2
 
 
 def test_version(uc):
-    assert uc.version() == unicodedata.unidata_version == unicode_classes.UNICODE_VERSION
+    v = unicode_classes.VERSIONS
+    assert uc.version() == f"classes {v['classes']}, numeric {v['numeric']}, nfc {v['nfc']}"
 
 
 # ---------------------------------------------------------------- UTF-8
@@ -195,10 +202,10 @@ def test_nfc_of_every_code_point(uc):
         inp = np.empty(2 * len(cps), dtype=np.uint32)
         inp[0::2], inp[1::2] = cps, sep
         got, _ = uc.nfc_cps(inp)
-        want = unicodedata.normalize("NFC", "".join(chr(c) + "!" for c in cps))
+        want = nfc("".join(chr(c) + "!" for c in cps))
         if got != [ord(c) for c in want]:
             for c in cps:
-                assert uc.nfc(chr(c)) == unicodedata.normalize("NFC", chr(c)), hex(c)
+                assert uc.nfc(chr(c)) == nfc(chr(c)), hex(c)
 
 
 def _marks() -> list[int]:
@@ -212,10 +219,10 @@ def test_nfc_base_mark_pairs(uc):
                     if not 0xD800 <= c <= 0xDFFF and unicodedata.decomposition(chr(c))
                     and not unicodedata.decomposition(chr(c)).startswith("<")})
     bases += [0x41, 0x3B1, 0x1100, 0xAC00, 0xAC01, 0x0915, 0x4E00, 0x1F600]
-    composed = [unicodedata.normalize("NFC", chr(c)) for c in range(0xC0, 0x2000)]
+    composed = [nfc(chr(c)) for c in range(0xC0, 0x2000)]
     bases += sorted({ord(s[0]) for s in composed if len(s) == 1})
     text = "".join(chr(b) + chr(m) + "!" for b in bases for m in marks[::3] + marks[1::17])
-    assert uc.nfc(text) == unicodedata.normalize("NFC", text)
+    assert uc.nfc(text) == nfc(text)
 
 
 SEQUENCES = [
@@ -235,19 +242,25 @@ SEQUENCES = [
     "\U00011099\U000110ba", "\U0001133b\U00011347\U0001133e", "\U00011347\U0001133e",
     "e\u0301" * 50, "\u0301" * 300 + "a", "a" + "\u0323\u0301" * 150, "\u00c7\u0301", "C\u0327\u0301",
     "\u1e09", "\u01d5", "u\u0308\u0304", "u\u0304\u0308", "\u0069\u0307\u0301",
+    # newer than Unicode 9.0, so starters that neither decompose nor compose in HF's NFC: a mark of
+    # 10.0 (U+1DF6, class 232) that 14.0 would move after U+0301 and let é compose, one of 14.0,
+    # and compositions of 13.0 (Dives Akuru) and 16.0 (Tulu-Tigalari, Gurung Khema, Kirat Rai)
+    "e\u1df6\u0301", "a\u0898\u0300", "\U00011935\U00011930", "\U000113c2\U000113c2",
+    "\U0001611e\U0001611e", "\U00016d63\U00016d67", "\u1100\u1161\U0001611e",
 ]
 
 
 @pytest.mark.parametrize("s", SEQUENCES, ids=[s[:8].encode("unicode_escape").decode() for s in SEQUENCES])
 def test_nfc_sequences(uc, s):
-    assert uc.nfc(s) == unicodedata.normalize("NFC", s)
-    assert uc.nfc(unicodedata.normalize("NFD", s)) == unicodedata.normalize("NFC", s)
+    assert uc.nfc(s) == nfc(s)
+    d = unicodedata.normalize("NFD", s)        # Python's 14.0 NFD: another input, not the expected output
+    assert uc.nfc(d) == nfc(d)
 
 
 def test_nfc_short_output_buffer(uc):
     """cap below the needed count: the first cap code points, the needed count returned."""
     s = "\u1f82a\u0301\u1100\u1161\u11a8xyz" + "\u0301" * 5
-    want = [ord(c) for c in unicodedata.normalize("NFC", s)]
+    want = [ord(c) for c in nfc(s)]
     for cap in range(len(want) + 2):
         got, n = uc.nfc_cps([ord(c) for c in s], cap)
         assert n == len(want) and got == want[:cap]
@@ -263,7 +276,61 @@ def test_nfc_short_output_buffer(uc):
                               "\u0b56", "\u0958", "\u093c", "\u2126", "\u0344", "\u05ae", "\u0315",
                               "\u1f00", "\u00c7", "\u0f71", "\u0f72", "\u0f80"]), max_size=30).map("".join)))
 def test_nfc_hypothesis(uc, s):
-    assert uc.nfc(s) == unicodedata.normalize("NFC", s)
+    assert uc.nfc(s) == nfc(s)
+
+
+# ---------------------------------------------------------------- both backends against HF (oracle)
+def _first_differences(got: np.ndarray, want: np.ndarray, what: str) -> str:
+    bad = np.flatnonzero(got != want)
+    return f"{bad.size} code points differ from HF's {what}: " + ", ".join(
+        f"U+{int(c):04X} (HF {int(want[c])}, here {int(got[c])})" for c in bad[:12])
+
+
+@pytest.mark.oracle
+def test_regex_classes_are_hf_s(uc):
+    """\\p{L}, \\p{N} and \\s as HF's regex engine matches every code point, against both backends."""
+    pytest.importorskip("tokenizers")
+    from mlconf.tools import unicode_probe
+    hf = unicode_probe.hf_classes().astype(np.int32)
+    ref = expected_classes() & 3
+    assert np.array_equal(ref, hf), _first_differences(ref, hf, "regex classes")
+    native = uc.classes(ALL) & 3
+    assert np.array_equal(native, hf), _first_differences(native, hf, "regex classes")
+
+
+@pytest.mark.oracle
+def test_digits_numeric_is_hf_s(uc):
+    """What Digits(individual_digits=True) splits off, every code point, against both backends."""
+    pytest.importorskip("tokenizers")
+    from mlconf.tools import unicode_probe
+    hf = unicode_probe.hf_numeric().astype(np.int32)
+    ref = (expected_classes() >> 2) & 1
+    assert np.array_equal(ref, hf), _first_differences(ref, hf, "Digits")
+    native = (uc.classes(ALL) >> 2) & 1
+    assert np.array_equal(native, hf), _first_differences(native, hf, "Digits")
+
+
+@pytest.mark.oracle
+def test_nfc_is_hf_s(uc):
+    """HF's NFC normalizer on every code point alone, every composition's first character with
+    every mark and composing character, and every pair of marks, against both backends."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("unicodedataplus")
+    from mlconf.tools import unicode_probe
+    texts = unicode_probe.nfc_probe_texts()
+    hf = unicode_probe.hf_nfc(texts)
+    ref = [nfc(t) for t in texts]
+    bad = [i for i, (a, b) in enumerate(zip(ref, hf, strict=True)) if a != b]
+    assert not bad, f"{len(bad)} of {len(texts)} texts differ from HF's NFC (reference): " + ", ".join(
+        f"{_hex(texts[i])} -> HF {_hex(hf[i])}, here {_hex(ref[i])}" for i in bad[:8])
+    native = uc.nfc(unicode_probe.SEP.join(texts)).split(unicode_probe.SEP)
+    bad = [i for i, (a, b) in enumerate(zip(native, hf, strict=True)) if a != b]
+    assert not bad, f"{len(bad)} of {len(texts)} texts differ from HF's NFC (native): " + ", ".join(
+        f"{_hex(texts[i])} -> HF {_hex(hf[i])}, here {_hex(native[i])}" for i in bad[:8])
+
+
+def _hex(s: str) -> str:
+    return " ".join(f"U+{ord(c):04X}" for c in s)
 
 
 # ---------------------------------------------------------------- other builds: -m32, ASan, aarch64
@@ -351,7 +418,7 @@ def _check_build(driver: list[str]) -> None:
     assert np.array_equal(got, expected_classes())
     text = "".join(chr(c) + "!" for c in NON_SURROGATES.tolist()) + "".join(SEQUENCES)
     got = _run(driver, "nfc", [ord(c) for c in text])
-    assert "".join(map(chr, got.tolist())) == unicodedata.normalize("NFC", text)
+    assert "".join(map(chr, got.tolist())) == nfc(text)
     for data in ADVERSARIAL:
         got = _run(driver, "decode", data)
         assert "".join(map(chr, got.tolist())) == data.decode("utf-8", "replace"), data
@@ -371,7 +438,7 @@ def test_sanitizer_build(asan_driver):
         cps = rng.choice([0x41, 0x300, 0x301, 0x323, 0x345, 0x3B1, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x1F82],
                          64)
         got = _run(asan_driver, "nfc", cps)
-        assert "".join(map(chr, got.tolist())) == unicodedata.normalize("NFC", "".join(map(chr, cps)))
+        assert "".join(map(chr, got.tolist())) == nfc("".join(map(chr, cps)))
 
 
 def test_aarch64_build_under_qemu(aarch64_driver):

@@ -10,7 +10,7 @@ third-party libraries, -Wall -Wextra -Werror. The SIMD kernel files get their IS
 where they apply (kern_avx2.c on x86-64, kern_neon*.c on aarch64); the ISA is chosen at run
 time from the CPU's features, so one library serves every x86-64 machine.
 
-Before compiling, src/unicode_tables.h (git-ignored) is generated from Python's unicodedata by
+Before compiling, src/unicode_tables.h (git-ignored) is rendered from specs/unicode.json by
 tools/gen_unicode_tables.py when it is missing or stale (unicode_tables()).
 
 build_worker links the same sources statically with worker_main.c into an executable, by default
@@ -28,18 +28,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import unicodedata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE / "src"
 BITNET = HERE.parent / "bitnet"
 WORKER_MAIN = HERE / "worker_main.c"
-# src/unicode_tables.h is generated from Python's unicodedata by tools/gen_unicode_tables.py
-# (mlconf/tools once installed), before compiling, when missing or stale; it is git-ignored.
+# src/unicode_tables.h is rendered from specs/unicode.json by tools/gen_unicode_tables.py
+# (mlconf/specs, mlconf/tools once installed), before compiling, when missing or stale; it is
+# git-ignored.
 UNICODE_TABLES = SRC / "unicode_tables.h"
 UNICODE_GENERATOR = HERE.parents[1] / "tools" / "gen_unicode_tables.py"
-UNICODE_CLASSES = HERE.parent / "reference" / "unicode_classes.py"
+UNICODE_DATA = HERE.parents[1] / "specs" / "unicode.json"
 CFLAGS = ["-std=c11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-fvisibility=hidden"]
 ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
     "kern_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
@@ -122,29 +122,23 @@ def build(out: str | Path | None = None, *, lib: str = "mlrt", cc: str | None = 
 
 def unicode_tables() -> Path:
     """Write src/unicode_tables.h with the generator (loaded by path, in this process) unless it
-    is newer than the generator and unicode_classes.py and holds this Python's Unicode version."""
+    is newer than the generator and specs/unicode.json."""
     out = UNICODE_TABLES
-    same_version = False
-    if out.exists():
-        stamp = out.stat().st_mtime
-        inputs = (UNICODE_GENERATOR, UNICODE_CLASSES)
-        fresh = all(not p.exists() or p.stat().st_mtime <= stamp for p in inputs)
-        with out.open(encoding="utf-8") as f:
-            same_version = f'#define ML_UC_VERSION "{unicodedata.unidata_version}"' in f.read(600)
-        if fresh and same_version:
-            return out
-    if not UNICODE_GENERATOR.exists():
+    inputs = (UNICODE_GENERATOR, UNICODE_DATA)
+    if out.exists() and all(not p.exists() or p.stat().st_mtime <= out.stat().st_mtime for p in inputs):
+        return out
+    if not all(p.exists() for p in inputs):
         if out.exists():
             return out
-        raise BuildError(f"{out} is missing and its generator {UNICODE_GENERATOR} is not there")
+        raise BuildError(f"{out} is missing and {' or '.join(str(p) for p in inputs)} is not there")
     spec = importlib.util.spec_from_file_location("_mlconf_gen_unicode_tables", UNICODE_GENERATOR)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     try:
         return mod.write(out)
-    except (OSError, SystemExit) as e:
-        if same_version:  # e.g. an installed package in a read-only folder: same data
-            return out
+    except OSError as e:
+        if out.exists() and out.read_text(encoding="utf-8") == mod.render():
+            return out          # e.g. an installed package in a read-only folder: same data
         raise BuildError(f"{UNICODE_GENERATOR}: cannot write {out}: {e}") from None
 
 

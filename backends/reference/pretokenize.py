@@ -9,16 +9,16 @@ ByteLevel(use_regex=True) keep nothing else). Each _alt function below returns t
 alternative's match at i, or -1, and says how backtracking shapes it.
 
     split(text, "llama3" | "llama3_single_digits" | "gpt2") -> pieces
-    split_numbers(text) -> pieces (HF Digits(individual_digits=True): every \\p{N} on its own)
+    split_numbers(text) -> pieces (HF Digits(individual_digits=True): every numeric on its own)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .unicode_classes import LETTER, NUMBER, OTHER, SPACE, UNICODE_VERSION, char_class
+from .unicode_classes import LETTER, NUMBER, OTHER, SPACE, char_class, is_numeric
 
-__all__ = ["PATTERNS", "UNICODE_VERSION", "split", "spans", "split_numbers"]
+__all__ = ["PATTERNS", "split", "spans", "split_numbers"]
 
 # The letters of the contractions, matched case-insensitively in the Llama 3 regex: Oniguruma's
 # case folding also maps U+017F LATIN SMALL LETTER LONG S to s (checked over every code point
@@ -136,11 +136,12 @@ def split(text: str, pattern: str) -> list[str]:
 
 
 def split_numbers(text: str) -> list[str]:
-    """Every \\p{N} character a piece of its own, the runs between kept whole (HF
-    Digits(individual_digits=True), which tests Rust's char::is_numeric, i.e. N*)."""
+    """Every numeric character a piece of its own, the runs between kept whole (HF
+    Digits(individual_digits=True), which tests Rust's char::is_numeric: N* of Unicode 17.0,
+    unicode_classes.is_numeric)."""
     out, start = [], 0
     for i, c in enumerate(text):
-        if char_class(c) == NUMBER:
+        if is_numeric(c):
             if start < i:
                 out.append(text[start:i])
             out.append(c)

@@ -14,7 +14,8 @@ Encoding, for every kind (specs/mlt.yaml; HF `tokenizers` is the behaviour match
    prepend_scheme "first"). The segment is one BPE word; its symbols are its characters, a
    character without a plain token becomes the byte tokens of its UTF-8 bytes when they all exist,
    else it is dropped (HF BPE byte_fallback; the format has no unk).
-3. Kind 2 (byte-level): NFC (flag 8); every \\p{N} split off (flag 64); the Llama 3 regex (flag 16:
+3. Kind 2 (byte-level): NFC (flag 8, Unicode 9.0 as HF: nfc.py); every numeric character split off
+   (flag 64: Digits, Unicode 17.0); the Llama 3 regex (classes of Unicode 16.0) (flag 16:
    single digits) or the GPT-2 regex (flag 32) (pretokenize.py); each piece's UTF-8 bytes are a
    BPE word whose symbols are the single-byte plain tokens (a byte without one is dropped).
 4. A word that is a whole plain token is that token with flag 2 (ignore_merges); else BPE: the
@@ -25,7 +26,6 @@ Encoding, for every kind (specs/mlt.yaml; HF `tokenizers` is the behaviour match
 from __future__ import annotations
 
 import heapq
-import unicodedata
 from collections.abc import Iterable, Iterator
 
 from mlconf.tools.mlt import (
@@ -45,6 +45,7 @@ from mlconf.tools.mlt import (
 )
 
 from . import pretokenize
+from .nfc import nfc
 
 SPIECE = "\u2581"              # SentencePiece's space
 SPIECE_BYTES = SPIECE.encode()
@@ -189,7 +190,7 @@ class Encoder:
 
     def _encode_byte_level(self, segment: str) -> list[int]:
         if self.flags & FLAG_NFC:
-            segment = unicodedata.normalize("NFC", segment)
+            segment = nfc(segment)
         parts = pretokenize.split_numbers(segment) if self.flags & FLAG_INDIVIDUAL_DIGITS else [segment]
         ids: list[int] = []
         for part in parts:

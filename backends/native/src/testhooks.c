@@ -65,7 +65,7 @@ ML_API int mlrt_test_kernel(const char *isa, const char *op, int n, const void *
 
 /* int mlrt_test_unicode(op, in, n, out, cap, n_out): the Unicode functions of unicode.h
  * (tests/test_native_unicode.py), n and cap counted in elements of the op's types:
- *   "class":   in = uint32 code points[n]; out = int32 classes[n] (cap >= n);
+ *   "class":   in = uint32 code points[n]; out = int32 codes[n] (ml_uc_code: class + numeric) (cap >= n);
  *   "decode":  in = bytes[n]; out = uint32 code points (cap >= n); *n_out = their count;
  *   "offsets": as "decode", but out = the uint32 byte offset of each code point;
  *   "nfc":     in = uint32 code points[n]; out = uint32[cap]; *n_out = the count NFC needs (only
@@ -88,7 +88,7 @@ ML_API int mlrt_test_unicode(const char *op, const void *in, size_t n, void *out
     }
     if (strcmp(op, "class") == 0) {
         if (cap < n) return ML_E_ARG;
-        for (size_t i = 0; i < n; i++) ((int32_t *)out)[i] = ml_uc_class(((const uint32_t *)in)[i]);
+        for (size_t i = 0; i < n; i++) ((int32_t *)out)[i] = ml_uc_code(((const uint32_t *)in)[i]);
         *n_out = n;
         return ML_OK;
     }

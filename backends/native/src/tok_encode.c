@@ -6,7 +6,7 @@
  * then longest, then lowest id); the segments between them are encoded by kind:
  *   kind 1 (SentencePiece): spaces -> U+2581 and the U+2581 prefix per flag 4, the whole segment is
  *     one BPE word whose symbols are its characters' plain tokens or byte-fallback tokens;
- *   kind 2 (byte-level): NFC (flag 8), the \p{N} split (flag 64), the Llama 3 or GPT-2 regex by
+ *   kind 2 (byte-level): NFC (flag 8), the numeric split (flag 64, Digits), the Llama 3 or GPT-2 regex by
  *     hand (flags 16, 32), each piece's bytes a BPE word over the single-byte plain tokens,
  *     memoized in a per-tokenizer word cache.
  * BPE: a binary heap of (rank, position) over adjacent pairs and a linked list of live symbols,
@@ -542,9 +542,9 @@ static void encode_byte_level(enc *e, const uint32_t *cps, size_t n) {
         split_words(e, t, e->cls, n);
         return;
     }
-    size_t start = 0;   /* every \p{N} a part of its own, the runs between kept whole */
+    size_t start = 0;   /* every numeric character (Digits) a part of its own, the runs between whole */
     for (size_t i = 0; i < n; i++) {
-        if (e->cls[i] != ML_UC_NUMBER) continue;
+        if (t[i] < 128 ? t[i] - '0' >= 10 : !ml_uc_numeric(t[i])) continue;
         if (start < i) split_words(e, t + start, e->cls + start, i - start);
         split_words(e, t + i, e->cls + i, 1);
         start = i + 1;

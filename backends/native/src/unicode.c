@@ -1,6 +1,6 @@
 /* unicode.c: the Unicode of the native tokenizer (unicode.h): character classes, UTF-8 with
- * Python's errors="replace" semantics, and NFC. The data is unicode_tables.h, generated from
- * Python's unicodedata by tools/gen_unicode_tables.py (build.py runs it); Hangul syllables are
+ * Python's errors="replace" semantics, and NFC. The data is unicode_tables.h, rendered from
+ * specs/unicode.json by tools/gen_unicode_tables.py (build.py runs it); Hangul syllables are
  * decomposed and composed algorithmically (Unicode 3.12).
  */
 #include "unicode.h"
@@ -8,7 +8,7 @@
 #include "unicode_tables.h"
 
 /* ------------------------------------------------------------------ classes */
-int ml_uc_class(uint32_t cp) {
+int ml_uc_code(uint32_t cp) {
     if (cp > 0x10FFFF) return ML_UC_OTHER;
     size_t lo = 0, hi = ML_UC_CLASS_RUNS;  /* the last run whose start <= cp: start[0] = 0 */
     while (hi - lo > 1) {
