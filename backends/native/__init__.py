@@ -98,7 +98,6 @@ class LibraryBackend:
         self.unsupported = {
             c: f"{self.lib_path} does not export {', '.join(s for s in syms if s not in self.symbols)}"
             for c, syms in abi.CAPABILITY_SYMBOLS.items() if c not in self.capabilities}
-        self.unsupported["quantize_q4_0"] = "the C ABI (mlrt.h) has no Q4_0 quantizer"
         self.description = ", ".join(s for s in (self.version, f"ISA {self.isa}" if self.isa else "",
                                                   self.lib_path) if s)
 
@@ -147,19 +146,31 @@ class LibraryBackend:
             raise ValueError(f"shape {x.shape}: the last dimension must be a multiple of 32")
         st, q, d = self._call(f"quantize_q8_0(float32{list(x.shape)}, f16={bool(f16)})", "quantize_q8_0",
                               x, bool(f16))
-        if st == abi.ML_E_ARG:
-            raise ValueError(f"ml_quantize_q8_0 refused the input (ML_E_ARG): {_q8_problem(x, f16)}")
-        if st == abi.ML_E_UNSUPPORTED:
-            raise Unsupported("ml_quantize_q8_0 returned ML_E_UNSUPPORTED")
-        if st != abi.ML_OK:
-            raise BackendError(f"ml_quantize_q8_0 returned {abi.status_name(st)}")
-        if f16:
-            d = d.view(np.float16)
+        d = _quantizer_status("ml_quantize_q8_0", st, lambda: _q8_problem(x, f16), d, f16)
         return q.reshape(x.shape), d.reshape(*x.shape[:-1], -1)
 
     def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
                       importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        raise Unsupported(self.unsupported.get("quantize_q4_0", "no Q4_0 quantizer"))
+        self._need("quantize_q4_0")
+        if rule not in abi.Q4_0_RULES:
+            raise Unsupported(f"Q4_0 rule {rule!r}")
+        if rule == "round" and importance is not None:
+            raise Unsupported("the round rule takes no importance weights")
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            raise ValueError(f"input must be float32 (the ABI takes float), got {x.dtype}")
+        if x.ndim == 0 or x.shape[-1] % 32:
+            raise ValueError(f"shape {x.shape}: the last dimension must be a multiple of 32")
+        cols = x.shape[-1]
+        rows = x.size // cols
+        imp = None if importance is None else np.ascontiguousarray(importance, dtype=np.float32)
+        if imp is not None and imp.shape != (cols,):
+            raise ValueError(f"importance has shape {imp.shape}, expected ({cols},)")
+        st, qs, d = self._call(f"quantize_q4_0(float32{list(x.shape)}, {rule}, f16={bool(f16)}, "
+                               f"importance={imp is not None})", "quantize_q4_0",
+                               x, rows, cols, abi.Q4_0_RULES[rule], bool(f16), imp)
+        d = _quantizer_status("ml_quantize_q4_0", st, lambda: _q4_problem(x, rule, f16, imp), d, f16)
+        return qs.reshape(*x.shape[:-1], cols // 2), d.reshape(*x.shape[:-1], cols // 32)
 
     def open_model(self, path: str, ctx: int | None = None) -> ModelSession:
         self._need("forward")
@@ -307,6 +318,18 @@ def _i2s_problem(x: np.ndarray, payload: np.ndarray | None = None, rows: int = 0
     return "no rule of specs/i2s.yaml refuses this input"
 
 
+def _quantizer_status(fn: str, st: int, problem, d: np.ndarray, f16: bool) -> np.ndarray:
+    """The scales of a quantizer call that returned st, or the error it stands for (problem():
+    why the input is refused, since the ABI returns a status and no reason)."""
+    if st == abi.ML_E_ARG:
+        raise ValueError(f"{fn} refused the input (ML_E_ARG): {problem()}")
+    if st == abi.ML_E_UNSUPPORTED:
+        raise Unsupported(f"{fn} returned ML_E_UNSUPPORTED")
+    if st != abi.ML_OK:
+        raise BackendError(f"{fn} returned {abi.status_name(st)}")
+    return d.view(np.float16) if f16 else d
+
+
 def _q8_problem(x: np.ndarray, f16: bool) -> str:
     """What in the input the quantizer must refuse (the ABI returns a status, not a reason)."""
     flat = x.reshape(-1)
@@ -321,6 +344,19 @@ def _q8_problem(x: np.ndarray, f16: bool) -> str:
         if big.size:
             i = int(big[0])
             return f"block {i}: scale {float(d[i])!r} is above 65504 and cannot be stored as f16"
+    return "no rule of specs/quant.yaml refuses this input"
+
+
+def _q4_problem(x: np.ndarray, rule: str, f16: bool, imp: np.ndarray | None) -> str:
+    """Why the reference refuses the input too (the ABI returns a status, not a reason)."""
+    from mlconf.backends.reference import quant
+    try:
+        if rule == "round":
+            quant.q4_0_round(x, f16=f16)
+        else:
+            quant.q4_0_search(x, f16=f16, importance=imp)
+    except quant.QuantError as e:
+        return str(e)
     return "no rule of specs/quant.yaml refuses this input"
 
 

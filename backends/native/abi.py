@@ -33,6 +33,8 @@ int ml_imatrix_start(ml_model *m);
 int ml_imatrix_get(const ml_model *m, double *sums, size_t n, uint64_t *tokens, uint64_t *tokens_cls);
 
 int ml_quantize_q8_0(const float *x, size_t n, int f16, int8_t *q, void *d);
+int ml_quantize_q4_0(const float *x, size_t rows, size_t cols, int rule, int f16, const float *importance,
+                     uint8_t *qs, void *d);
 
 typedef struct ml_tokenizer ml_tokenizer;
 int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason, size_t reason_len);
@@ -68,7 +70,7 @@ FUNCTIONS = (
     "ml_version", "ml_isa", "ml_set_isa",
     "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx", "ml_forward", "ml_forward_last",
     "ml_imatrix_start", "ml_imatrix_get",
-    "ml_quantize_q8_0",
+    "ml_quantize_q8_0", "ml_quantize_q4_0",
     "ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode",
     "ml_i2s_quantize", "ml_i2s_quantize_act", "ml_i2s_matmul",
     "ml_embed_load", "ml_embed_load_reading", "ml_embed_free", "ml_embed_dim", "ml_embed_vocab", "ml_embed",
@@ -77,12 +79,13 @@ FUNCTIONS = (
 STATUS_NAMES = {0: "ML_OK", 1: "ML_E_IO", 2: "ML_E_FORMAT", 3: "ML_E_SHAPE", 4: "ML_E_ARG",
                 5: "ML_E_NOMEM", 6: "ML_E_UNSUPPORTED"}
 ML_OK, ML_E_ARG, ML_E_UNSUPPORTED = 0, 4, 6
+Q4_0_RULES = {"round": 0, "search": 1}   # ML_Q4_0_ROUND, ML_Q4_0_SEARCH
 
-# Backend capability -> the symbols it needs (mlconf.backends.CAPABILITIES). quantize_q4_0 is not
-# in the ABI: the Q4_0 quantizer is the converter's business, not a runtime's.
+# Backend capability -> the symbols it needs (mlconf.backends.CAPABILITIES).
 CAPABILITY_SYMBOLS: dict[str, tuple[str, ...]] = {
     "load": ("ml_check",),
     "quantize_q8_0": ("ml_quantize_q8_0",),
+    "quantize_q4_0": ("ml_quantize_q4_0",),
     "forward": ("ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_forward"),
     "load_tokenizer": ("ml_tok_load", "ml_tok_free"),
     "encode": ("ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode"),

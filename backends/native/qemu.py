@@ -45,7 +45,7 @@ HEAD = struct.Struct("<II")   # request: op, payload length; reply: status, payl
 WK_OK, WK_ERROR = 0, 1
 OPS = {"info": 1, "check": 2, "quantize_q8_0": 3, "load": 4, "forward": 5, "reset": 6, "free": 7,
        "imatrix_start": 8, "imatrix_get": 9, "tok_load": 10, "tok_encode": 11, "tok_decode": 12,
-       "tok_free": 13}
+       "tok_free": 13, "quantize_q4_0": 14}
 U32 = 2**32 - 1
 
 
@@ -153,6 +153,11 @@ def _encode(op: str, args: tuple) -> bytes:
     if op == "quantize_q8_0":
         x, f16 = args
         return struct.pack("<I", int(bool(f16))) + np.ascontiguousarray(x, dtype="<f4").tobytes()
+    if op == "quantize_q4_0":
+        x, rows, cols, rule, f16, imp = args
+        head = struct.pack("<IIIII", rows, cols, rule, int(bool(f16)), int(imp is not None))
+        imp_bytes = b"" if imp is None else np.ascontiguousarray(imp, dtype="<f4").tobytes()
+        return head + imp_bytes + np.ascontiguousarray(x, dtype="<f4").tobytes()
     if op == "load":
         path, ctx, threads = args
         return _s(path) + struct.pack("<ii", ctx, threads)
@@ -190,6 +195,12 @@ def _decode(op: str, args: tuple, r: _Buf, vocab: dict[int, int]):
         q = np.frombuffer(r.take(n), dtype=np.int8).copy()
         d = np.frombuffer(r.rest(), dtype="<u2" if f16 else "<f4").astype(np.uint16 if f16 else np.float32)
         return st, q, d
+    if op == "quantize_q4_0":
+        x, rows, cols, rule, f16, imp = args
+        st = r.i32()
+        qs = np.frombuffer(r.take(rows * cols // 2), dtype=np.uint8).copy()
+        d = np.frombuffer(r.rest(), dtype="<u2" if f16 else "<f4").astype(np.uint16 if f16 else np.float32)
+        return st, qs, d
     if op == "load":
         st, h, reason, nv, ctx = r.i32(), r.u32(), r.str(), r.i32(), r.i32()
         if not h:

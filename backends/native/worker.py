@@ -184,6 +184,19 @@ class _Server:
                                        ffi.from_buffer(d, require_writable=True))
         return st, q, d
 
+    def quantize_q4_0(self, x, rows: int, cols: int, rule: int, f16: bool,
+                      importance) -> tuple[int, Any, Any]:
+        np, ffi = self.np, self.ffi
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        qs = np.zeros(x.size // 2, dtype=np.uint8)
+        d = np.zeros(max(x.size // 32, 1), dtype=np.uint16 if f16 else np.float32)
+        imp = ffi.NULL if importance is None else ffi.from_buffer(
+            "float[]", np.ascontiguousarray(importance, dtype=np.float32))
+        st = self.lib.ml_quantize_q4_0(ffi.from_buffer("float[]", x), rows, cols, rule, int(f16), imp,
+                                       ffi.from_buffer("uint8_t[]", qs, require_writable=True),
+                                       ffi.from_buffer(d, require_writable=True))
+        return st, qs, d[:x.size // 32]
+
     # -- I2_S (arrays arrive C-contiguous (rows, cols) from the harness side)
     def i2s_quantize(self, w, rows: int, cols: int) -> tuple[int, bytes]:
         np, ffi = self.np, self.ffi

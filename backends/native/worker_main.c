@@ -34,6 +34,9 @@
  *   11 TOK_ENCODE      u32 handle, u8 text[len]                i32 status, i32 ids[n]
  *   12 TOK_DECODE      u32 handle, i32 ids[n]                  i32 status, u8 bytes[len]
  *   13 TOK_FREE        u32 handle (unknown: nothing)           (empty)
+ *   14 QUANTIZE_Q4_0   u32 rows, u32 cols, u32 rule, u32 f16,   i32 status, u8 qs[rows*cols/2], then
+ *                      u32 has_importance, f32 importance[cols  rows*cols/32 scales: f32, or f16 bits
+ *                      if has_importance], f32 x[rows*cols]    (u16) if f16
  * Handles name models and tokenizers living in this process; they start at 1 and are not reused.
  *
  * Test hook: with MLRT_WORKER_TEST_HOOKS=1 in the environment, CHECK of a path whose file name
@@ -62,13 +65,13 @@
 
 enum {
     OP_INFO = 1, OP_CHECK, OP_QUANTIZE_Q8_0, OP_LOAD, OP_FORWARD, OP_RESET, OP_FREE, OP_IMATRIX_START,
-    OP_IMATRIX_GET, OP_TOK_LOAD, OP_TOK_ENCODE, OP_TOK_DECODE, OP_TOK_FREE
+    OP_IMATRIX_GET, OP_TOK_LOAD, OP_TOK_ENCODE, OP_TOK_DECODE, OP_TOK_FREE, OP_QUANTIZE_Q4_0
 };
 
 static const char *const FUNCTIONS[] = {
     "ml_version", "ml_isa", "ml_set_isa", "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx",
-    "ml_forward", "ml_imatrix_start", "ml_imatrix_get", "ml_quantize_q8_0", "ml_tok_load", "ml_tok_free",
-    "ml_tok_encode", "ml_tok_decode",
+    "ml_forward", "ml_imatrix_start", "ml_imatrix_get", "ml_quantize_q8_0", "ml_quantize_q4_0", "ml_tok_load",
+    "ml_tok_free", "ml_tok_encode", "ml_tok_decode",
 };
 
 /* ---------------------------------------------------------------- payload reading and writing */
@@ -288,6 +291,34 @@ static uint32_t op_quantize_q8_0(reader *r, writer *w) {
     return WK_OK;
 }
 
+static uint32_t op_quantize_q4_0(reader *r, writer *w) {
+    uint32_t rows = get_u32(r, "QUANTIZE_Q4_0: u32 rows"), cols = get_u32(r, "QUANTIZE_Q4_0: u32 cols");
+    uint32_t rule = get_u32(r, "QUANTIZE_Q4_0: u32 rule"), f16 = get_u32(r, "QUANTIZE_Q4_0: u32 f16");
+    uint32_t has_imp = get_u32(r, "QUANTIZE_Q4_0: u32 has_importance");
+    size_t n;
+    const uint8_t *rest = get_rest(r, 4, &n, "QUANTIZE_Q4_0: the floats are not a whole number of f32");
+    if (r->bad) return fail("%s", r->bad);
+    size_t ni = has_imp ? cols : 0;
+    if (n < ni || n - ni != (size_t)rows * cols) return fail("%s", "QUANTIZE_Q4_0: rows * cols floats expected");
+    n -= ni;
+    size_t nb = n / 32, dsize = f16 ? 2 : 4;
+    /* Aligned copies: the payload holds the floats at an unaligned offset. */
+    float *imp = malloc(ni * 4 + 4), *xf = malloc(n * 4 + 4);
+    uint8_t *qs = calloc(n / 2 + 1, 1);
+    void *d = calloc(nb + 1, dsize);
+    if (!imp || !xf || !qs || !d) {
+        free(imp), free(xf), free(qs), free(d);
+        return fail("%s", "QUANTIZE_Q4_0: out of memory");
+    }
+    memcpy(imp, rest, ni * 4);
+    memcpy(xf, rest + ni * 4, n * 4);
+    put_i32(w, ml_quantize_q4_0(xf, rows, cols, (int)rule, f16 != 0, has_imp ? imp : NULL, qs, d));
+    put(w, qs, n / 2);
+    put(w, d, nb * dsize);
+    free(imp), free(xf), free(qs), free(d);
+    return WK_OK;
+}
+
 static uint32_t op_load(reader *r, writer *w) {
     char *path = get_str(r, "LOAD: str path");
     int32_t ctx = get_i32(r, "LOAD: i32 ctx"), threads = get_i32(r, "LOAD: i32 threads");
@@ -478,6 +509,7 @@ static uint32_t serve(uint32_t op, reader *r, writer *w) {
     case OP_INFO: st = op_info(r, w); break;
     case OP_CHECK: st = op_check(r, w); break;
     case OP_QUANTIZE_Q8_0: st = op_quantize_q8_0(r, w); break;
+    case OP_QUANTIZE_Q4_0: st = op_quantize_q4_0(r, w); break;
     case OP_LOAD: st = op_load(r, w); break;
     case OP_FORWARD: st = op_forward(r, w); break;
     case OP_RESET:

@@ -66,6 +66,16 @@ int ml_imatrix_get(const ml_model *m, double *sums, size_t n, uint64_t *tokens, 
  * or IEEE binary16 bits as uint16_t (f16=1). ML_E_ARG for n not a multiple of 32, a non-finite
  * input, or (f16) a scale above 65504. Bit-identical to the reference on every ISA. */
 int ml_quantize_q8_0(const float *x, size_t n, int f16, int8_t *q, void *d);
+/* Q4_0 of a (rows, cols) matrix, row-major, cols a multiple of 32: qs receives rows*cols/2 bytes
+ * (16 per block: element j in the low nibble of byte j, element j + 16 in the high one; value
+ * nibble - 8), d rows*cols/32 scales, float (f16=0) or binary16 bits (f16=1). rule ML_Q4_0_ROUND
+ * (llama.cpp's) or ML_Q4_0_SEARCH (the writer's, specs/quant.yaml); importance: NULL, or cols
+ * floats weighting the search (the importance of an MLI1 imatrix). ML_E_ARG: a NULL pointer, a
+ * shape, a non-finite value, an importance with the round rule, a block the search cannot fit in
+ * float32, or (f16) a scale above 65504; nothing is written then. Bit-identical to the reference. */
+enum { ML_Q4_0_ROUND = 0, ML_Q4_0_SEARCH = 1 };
+int ml_quantize_q4_0(const float *x, size_t rows, size_t cols, int rule, int f16, const float *importance,
+                     uint8_t *qs, void *d);
 
 /* ---------------------------------------------------------------- tokenizers (.mlt) */
 typedef struct ml_tokenizer ml_tokenizer;

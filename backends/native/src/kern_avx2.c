@@ -289,6 +289,60 @@ static void dot4_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *c
     DOT4(LOAD_Q4, hsum4_16_halves);
 }
 
+/* The Q4_0 search on 8 blocks at once, block b in lane b, the scalar twin's operations in its
+ * order (mul, add, div, round-to-nearest-even, min/max; no FMA). The leftover blocks go to it. */
+static void q4_0_search(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
+                        int8_t *l) {
+    int b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8) {
+        __m256 x[QK], wt[QK], wx[QK], best_l[QK];
+        for (int j = 0; j < QK; j++) {   /* element-major: lane b holds element j of block b0 + b */
+            float xv[8], wv[8];
+            for (int b = 0; b < 8; b++) {
+                xv[b] = xs[(size_t)(b0 + b) * QK + j];
+                wv[b] = w[(size_t)(b0 + b) * QK + j];
+            }
+            x[j] = _mm256_loadu_ps(xv);
+            wt[j] = _mm256_loadu_ps(wv);
+            wx[j] = _mm256_mul_ps(wt[j], x[j]);
+            best_l[j] = _mm256_setzero_ps();
+        }
+        const __m256 lo = _mm256_set1_ps(-8.0f), hi = _mm256_set1_ps(7.0f), zero = _mm256_setzero_ps();
+        const __m256 vmax = _mm256_loadu_ps(xmax + b0);
+        __m256 best = _mm256_set1_ps(INFINITY), best_d = zero;
+        for (int c = 0; c < 13; c++) {
+            __m256 iscale = _mm256_div_ps(_mm256_set1_ps(ml_q4_0_candidates[c]), vmax);
+            __m256 lv[QK], sumlx = zero, suml2 = zero;
+            for (int j = 0; j < QK; j++) {
+                __m256 v = _mm256_round_ps(_mm256_mul_ps(x[j], iscale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                lv[j] = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+                sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(wx[j], lv[j]));
+                suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(wt[j], _mm256_mul_ps(lv[j], lv[j])));
+            }
+            __m256 pos = _mm256_cmp_ps(suml2, zero, _CMP_GT_OQ);
+            __m256 dc = _mm256_and_ps(pos, _mm256_div_ps(sumlx, _mm256_blendv_ps(_mm256_set1_ps(1.0f), suml2, pos)));
+            __m256 e = zero;
+            for (int j = 0; j < QK; j++) {
+                __m256 r = _mm256_sub_ps(x[j], _mm256_mul_ps(dc, lv[j]));
+                e = _mm256_add_ps(e, _mm256_mul_ps(wt[j], _mm256_mul_ps(r, r)));
+            }
+            __m256 better = _mm256_cmp_ps(e, best, _CMP_LT_OQ);
+            best = _mm256_blendv_ps(best, e, better);
+            best_d = _mm256_blendv_ps(best_d, dc, better);
+            for (int j = 0; j < QK; j++) best_l[j] = _mm256_blendv_ps(best_l[j], lv[j], better);
+        }
+        _mm256_storeu_ps(d + b0, best_d);
+        _mm256_storeu_ps(err + b0, best);
+        for (int j = 0; j < QK; j++) {
+            float lvv[8];
+            _mm256_storeu_ps(lvv, best_l[j]);
+            for (int b = 0; b < 8; b++) l[(size_t)(b0 + b) * QK + j] = (int8_t)lvv[b];
+        }
+    }
+    ml_q4_0_search_scalar(nb - b0, xs + (size_t)b0 * QK, w + (size_t)b0 * QK, xmax + b0, d + b0, err + b0,
+                          l + (size_t)b0 * QK);
+}
+
 const ml_kernel_table ml_kernels_avx2 = {
     .name = "avx2",
     .quantize_q8_0 = quantize_q8_0,
@@ -298,4 +352,5 @@ const ml_kernel_table ml_kernels_avx2 = {
     .dot_q4_0 = dot_q4_0,
     .dot4_q8_0 = dot4_q8_0,
     .dot4_q4_0 = dot4_q4_0,
+    .q4_0_search = q4_0_search,
 };

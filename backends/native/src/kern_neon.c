@@ -17,6 +17,8 @@
 
 #include <arm_neon.h>
 
+#include <math.h>
+
 #include "kernels.h"
 
 #define NEON_TABLE ml_kernels_neon

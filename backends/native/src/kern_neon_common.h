@@ -188,6 +188,60 @@ static void dot4_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *c
     DOT4(LOAD_Q4);
 }
 
+/* The Q4_0 search on 4 blocks at once, block b in lane b, the scalar twin's operations in its
+ * order (no FMA: -std=c11 keeps mul and add apart). The leftover blocks go to the twin. */
+static void q4_0_search(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
+                        int8_t *l) {
+    int b0 = 0;
+    for (; b0 + 4 <= nb; b0 += 4) {
+        float32x4_t x[QK], wt[QK], wx[QK], best_l[QK];
+        for (int j = 0; j < QK; j++) {   /* element-major: lane b holds element j of block b0 + b */
+            float xv[4], wv[4];
+            for (int b = 0; b < 4; b++) {
+                xv[b] = xs[(size_t)(b0 + b) * QK + j];
+                wv[b] = w[(size_t)(b0 + b) * QK + j];
+            }
+            x[j] = vld1q_f32(xv);
+            wt[j] = vld1q_f32(wv);
+            wx[j] = vmulq_f32(wt[j], x[j]);
+            best_l[j] = vdupq_n_f32(0.0f);
+        }
+        const float32x4_t lo = vdupq_n_f32(-8.0f), hi = vdupq_n_f32(7.0f), zero = vdupq_n_f32(0.0f);
+        const float32x4_t vmax = vld1q_f32(xmax + b0);
+        float32x4_t best = vdupq_n_f32(INFINITY), best_d = zero;
+        for (int c = 0; c < 13; c++) {
+            float32x4_t iscale = vdivq_f32(vdupq_n_f32(ml_q4_0_candidates[c]), vmax);
+            float32x4_t lv[QK], sumlx = zero, suml2 = zero;
+            for (int j = 0; j < QK; j++) {
+                lv[j] = vminq_f32(vmaxq_f32(vrndnq_f32(vmulq_f32(x[j], iscale)), lo), hi);
+                sumlx = vaddq_f32(sumlx, vmulq_f32(wx[j], lv[j]));
+                suml2 = vaddq_f32(suml2, vmulq_f32(wt[j], vmulq_f32(lv[j], lv[j])));
+            }
+            uint32x4_t pos = vcgtq_f32(suml2, zero);
+            float32x4_t q = vdivq_f32(sumlx, vbslq_f32(pos, suml2, vdupq_n_f32(1.0f)));
+            float32x4_t dc = vbslq_f32(pos, q, zero);
+            float32x4_t e = zero;
+            for (int j = 0; j < QK; j++) {
+                float32x4_t r = vsubq_f32(x[j], vmulq_f32(dc, lv[j]));
+                e = vaddq_f32(e, vmulq_f32(wt[j], vmulq_f32(r, r)));
+            }
+            uint32x4_t better = vcltq_f32(e, best);
+            best = vbslq_f32(better, e, best);
+            best_d = vbslq_f32(better, dc, best_d);
+            for (int j = 0; j < QK; j++) best_l[j] = vbslq_f32(better, lv[j], best_l[j]);
+        }
+        vst1q_f32(d + b0, best_d);
+        vst1q_f32(err + b0, best);
+        for (int j = 0; j < QK; j++) {
+            float lvv[4];
+            vst1q_f32(lvv, best_l[j]);
+            for (int b = 0; b < 4; b++) l[(size_t)(b0 + b) * QK + j] = (int8_t)lvv[b];
+        }
+    }
+    ml_q4_0_search_scalar(nb - b0, xs + (size_t)b0 * QK, w + (size_t)b0 * QK, xmax + b0, d + b0, err + b0,
+                          l + (size_t)b0 * QK);
+}
+
 const ml_kernel_table NEON_TABLE = {
     .name = NEON_NAME,
     .quantize_q8_0 = quantize_q8_0,
@@ -197,4 +251,5 @@ const ml_kernel_table NEON_TABLE = {
     .dot_q4_0 = dot_q4_0,
     .dot4_q8_0 = dot4_q8_0,
     .dot4_q4_0 = dot4_q4_0,
+    .q4_0_search = q4_0_search,
 };

@@ -143,6 +143,41 @@ static void dot4_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *c
     for (int t = 0; t < 4; t++) out[t] = s[t];
 }
 
+const float ml_q4_0_candidates[13] = {-6.0f, -6.2f, -6.4f, -6.6f, -6.8f, -7.0f, -7.2f,
+                                     -7.4f, -7.6f, -7.8f, -8.0f, -8.2f, -8.4f};
+
+/* The Q4_0 search, one block at a time (kernels.h; the SIMD tables run the same operations on a
+ * block per lane). */
+void ml_q4_0_search_scalar(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
+                           int8_t *l) {
+    for (int b = 0; b < nb; b++) {
+        const float *x = xs + (size_t)b * QK, *wb = w + (size_t)b * QK;
+        float best = INFINITY, best_d = 0.0f, lv[QK], best_l[QK] = {0};
+        for (int c = 0; c < 13; c++) {
+            float iscale = ml_q4_0_candidates[c] / xmax[b];
+            float sumlx = 0.0f, suml2 = 0.0f;
+            for (int j = 0; j < QK; j++) {
+                float v = rintf(x[j] * iscale);
+                lv[j] = v < -8.0f ? -8.0f : v > 7.0f ? 7.0f : v;
+                sumlx += (wb[j] * x[j]) * lv[j];
+                suml2 += wb[j] * (lv[j] * lv[j]);
+            }
+            float dc = suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+            float e = 0.0f;
+            for (int j = 0; j < QK; j++) {
+                float r = x[j] - dc * lv[j];
+                e += wb[j] * (r * r);
+            }
+            if (e < best) {
+                best = e, best_d = dc;
+                for (int j = 0; j < QK; j++) best_l[j] = lv[j];
+            }
+        }
+        d[b] = best_d, err[b] = best;
+        for (int j = 0; j < QK; j++) l[(size_t)b * QK + j] = (int8_t)best_l[j];
+    }
+}
+
 const ml_kernel_table ml_kernels_scalar = {
     .name = "scalar",
     .quantize_q8_0 = quantize_q8_0,
@@ -152,4 +187,5 @@ const ml_kernel_table ml_kernels_scalar = {
     .dot_q4_0 = dot_q4_0,
     .dot4_q8_0 = dot4_q8_0,
     .dot4_q4_0 = dot4_q4_0,
+    .q4_0_search = ml_q4_0_search_scalar,
 };

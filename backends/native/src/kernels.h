@@ -32,7 +32,22 @@ typedef struct {
                       const float *const xd[4], float out[4]);
     void (*dot4_q4_0)(int nb, const uint8_t *w, const float *wd, const int8_t *const x[4],
                       const float *const xd[4], float out[4]);
+    /* The Q4_0 search of nb prepared blocks (q4_0.c): xs, w (nb * 32, block-major) the values
+     * and their weights, xmax[b] the value that maps to each candidate level. For each of the 13
+     * candidates c (specs/quant.yaml, in order), per block, in float32: iscale = c / xmax,
+     * l_j = clamp(rint(xs_j * iscale), -8, 7), sumlx = sum_j (w_j * xs_j) * l_j and
+     * suml2 = sum_j w_j * (l_j * l_j) in element order, dc = suml2 > 0 ? sumlx / suml2 : 0,
+     * e = sum_j w_j * (r_j * r_j) with r_j = xs_j - dc * l_j; the first candidate whose e is below
+     * the best so far (initially +inf) gives d[b], err[b] and l (nb * 32). */
+    void (*q4_0_search)(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
+                        int8_t *l);
 } ml_kernel_table;
+
+/* The 13 candidate levels of the Q4_0 search: -6.0, -6.2, ..., -8.4 as float32. */
+extern const float ml_q4_0_candidates[13];
+/* The scalar twin of q4_0_search, which the SIMD tables also run on their leftover blocks. */
+void ml_q4_0_search_scalar(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
+                           int8_t *l);
 
 const ml_kernel_table *ml_kernels(void);            /* the table in use */
 const ml_kernel_table *ml_kernels_named(const char *name); /* NULL if not built or not runnable */
