@@ -25,10 +25,16 @@ import numpy as np
 from tabulate import tabulate
 
 from mlconf import __version__
+from mlconf.tools import exits
 
 
 class UsageError(Exception):
-    """An input problem reported as `mlconf: error: ...`, exit 1, never as a traceback."""
+    """A usage or input problem reported as `mlconf: error: ...`, exit 4 (exits.USAGE), never as a
+    traceback."""
+
+
+class NothingSelected(Exception):
+    """No case matched the selection: exit 5 (exits.NOTHING), as pytest's "no tests collected"."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,7 +89,7 @@ def cmd_load(args) -> int:
         print(json.dumps({"status": res.status, "reason": res.reason}))
     else:
         print(f"{res.status}: {res.reason}")
-    return 0 if res.ok else 2
+    return exits.OK if res.ok else exits.REJECTED
 
 
 def _read_npy(path: str) -> np.ndarray:
@@ -157,8 +163,8 @@ class Progress:
     """Progress of `mlconf run` on stderr: "[done/total] N failing so far", rewritten in place on a
     terminal; otherwise one line about every 10 % of the runs. Each failing run gets its own line."""
 
-    def __init__(self, total: int, strict: bool, stream=None):
-        self.total, self.strict = total, strict
+    def __init__(self, total: int, gate: bool | frozenset[str] = False, stream=None):
+        self.total, self.gate = total, gate
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.done = self.failing = 0
@@ -171,7 +177,7 @@ class Progress:
     def __call__(self, res) -> None:
         from mlconf.records import failing
         self.done += 1
-        bad = failing(res.outcome, self.strict)
+        bad = failing(res.outcome, self.gate, res.capability)
         if bad:
             self.failing += 1
             self._clear()
@@ -209,7 +215,8 @@ def cmd_run(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not selected:
-        raise UsageError(f"no case matches (areas {args.area or 'all'}, -k {args.k!r})")
+        raise NothingSelected(f"no case matches (areas {args.area or 'all'}, -k {args.k!r})")
+    gate = True if args.strict else _required(args.require)
     from concurrent.futures import ThreadPoolExecutor
     names = args.backend or builtin_names()
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:  # worker processes start at once
@@ -219,8 +226,8 @@ def cmd_run(args) -> int:
             if hasattr(b, "timeout"):
                 b.timeout = args.timeout
     total = sum(1 for b in backends for c in selected if c.params.get("expected_from") != b.name)
-    progress = Progress(total, args.strict)
-    stop_on = (lambda r: records.failing(r.outcome, args.strict)) if args.fail_fast else None
+    progress = Progress(total, gate)
+    stop_on = (lambda r: records.failing(r.outcome, gate, r.capability)) if args.fail_fast else None
     try:
         results = runner.run(selected, backends, progress=progress, jobs=args.jobs, stop_on=stop_on)
     except RuntimeError as e:      # --jobs: a runner process died (its traceback is on stderr)
@@ -229,19 +236,31 @@ def cmd_run(args) -> int:
         progress.close()
     from mlconf.cases import AREAS
     areas = [a for a in AREAS if a in (args.area or AREAS)]
-    doc = reports.build(results, backends, areas, args.k, args.strict, args.jobs)
+    doc = reports.build(results, backends, areas, args.k, gate, args.jobs)
     wall = time.perf_counter() - start
     written = reports.write(doc, args.report, wall=wall)
     print(summary_table(results))
-    n_fail = sum(1 for r in results if records.failing(r.outcome, args.strict))
-    what = "failed, errored, crashed, timed out or were unsupported (--strict)" if args.strict else \
-        "failed, errored, crashed or timed out"
+    n_fail = sum(1 for r in results if records.failing(r.outcome, gate, r.capability))
+    what = "failed, errored, crashed, timed out or were unsupported (--strict)" if gate is True else \
+        f"failed, errored, crashed, timed out or were unsupported in {', '.join(sorted(gate))} (--require)" \
+        if gate else "failed, errored, crashed or timed out"
     stopped = f" (stopped at the first failure: {len(results)} of {total} ran)" if args.fail_fast and \
         len(results) < total else ""
     print(f"\n{len(results)} case runs on {len(backends)} backend(s); {n_fail} {what}{stopped}; "
           f"{wall:.1f} s")
     print(f"reports: {', '.join(str(p) for p in written)}")
-    return 1 if n_fail else 0
+    return exits.FAILED if n_fail else exits.OK
+
+
+def _required(values: list[str] | None) -> frozenset[str]:
+    """--require CAP[,CAP...] (repeatable): the capabilities whose unsupported cases fail."""
+    from mlconf.backends import CAPABILITIES
+    caps = frozenset(c.strip() for v in values or () for c in v.split(",") if c.strip())
+    unknown = sorted(caps - set(CAPABILITIES))
+    if unknown:
+        known = ", ".join(CAPABILITIES)
+        raise UsageError(f"--require {','.join(unknown)}: not a capability (one of {known})")
+    return caps
 
 
 def cmd_report(args) -> int:
@@ -263,7 +282,7 @@ def cmd_diff(args) -> int:
         raise UsageError(str(e)) from None
     regressed, fixed = reports.diff(old, new)
     print(reports.diff_text(regressed, fixed))
-    return 1 if regressed else 0
+    return exits.FAILED if regressed else exits.OK
 
 
 def parse_tokens(text: str) -> np.ndarray:
@@ -482,7 +501,10 @@ def cmd_bench(args) -> int:
 
 # ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="mlconf", description="Conformance harness for MLB v1 / MLT runtimes.")
+    ap = _Parser(prog="mlconf", description="Conformance harness for MLB v1 / MLT runtimes.",
+                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                 epilog="exit statuses: 0 pass, 1 a case failed (diff: a regression), 2 load: file rejected, "
+                        "4 usage or input error, 5 nothing selected, 130 interrupted")
     ap.add_argument("--version", action="version", version=f"mlconf {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
@@ -524,7 +546,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-call timeout of worker-backed backends (native, bitnet, lib:); in-process "
                         "backends (reference) have none")
     p.add_argument("--strict", action="store_true",
-                   help="unsupported counts as a failure (the CI-gate mode)")
+                   help="unsupported counts as a failure, in every capability (the CI-gate mode)")
+    p.add_argument("--require", action="append", metavar="CAP[,CAP...]",
+                   help="unsupported counts as a failure in these capabilities only (the ones a runtime "
+                        "claims; repeatable)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("report", help="rebuild summary.md, junit.xml and report.html from a results.json")
@@ -646,13 +671,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.fn(args)
     except UsageError as e:
         print(f"mlconf: error: {e}", file=sys.stderr)
-        return 1
+        return exits.USAGE
+    except NothingSelected as e:
+        print(f"mlconf: {e}", file=sys.stderr)
+        return exits.NOTHING
     except OSError as e:  # a file the user named cannot be read or written
         where = e.filename2 or e.filename
         print(f"mlconf: error: {where or ''}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        return exits.USAGE
     except KeyboardInterrupt:
-        return 130
+        print("mlconf: interrupted", file=sys.stderr)
+        return exits.INTERRUPTED
 
 
 if __name__ == "__main__":

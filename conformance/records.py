@@ -34,9 +34,17 @@ ARRAY_KEYS = {"logits": ("differ", "max_abs", "max_ulp", "nmse", "argmax"),
               "embeddings": ("differ", "max_abs", "max_ulp", "nmse", "cosine")}
 
 
-def failing(outcome: str, strict: bool = False) -> bool:
-    """Whether an outcome fails the run; with ``strict`` (the CI gate), unsupported does too."""
-    return outcome in FAILING or (strict and outcome == "unsupported")
+def failing(outcome: str, gate: bool | frozenset[str] = False, capability: str | None = None) -> bool:
+    """Whether an outcome fails the run. ``gate``: True (--strict) makes every unsupported case
+    fail, a set of capabilities (--require) the unsupported cases needing one of them."""
+    if outcome in FAILING:
+        return True
+    return outcome == "unsupported" and (gate is True or (bool(gate) and capability in gate))
+
+
+def gate_of(run: dict) -> bool | frozenset[str]:
+    """The gate a results.json's run was judged by (files before --require have none)."""
+    return True if run["strict"] else frozenset(run.get("required") or ())
 
 
 def output_kind(case) -> str:
@@ -139,6 +147,7 @@ def record(result) -> dict:
         "distances": distances(result),
         "tolerance": result.tolerance,
         "output_sha256": sha256(result.output),
+        "capability": result.capability,
     }
 
 

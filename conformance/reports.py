@@ -138,16 +138,20 @@ def _version() -> str:
     return __version__
 
 
-def build(results, backends, areas: list[str], k: str | None, strict: bool, jobs: int) -> dict:
-    """The results.json document of a run (runner.Results with their outputs)."""
+def build(results, backends, areas: list[str], k: str | None, gate: bool | frozenset[str], jobs: int) -> dict:
+    """The results.json document of a run (runner.Results with their outputs); ``gate`` as
+    records.failing takes it."""
+    from mlconf.backends import CAPABILITIES
     records = rec.records(results)
     names = [b.name for b in backends]
+    gated = sorted(CAPABILITIES) if gate is True else sorted(gate or ())
     return {
         "schema": SCHEMA_ID,
         "mlconf_version": _version(),
         "run": {"backends": [{"name": b.name, "description": str(getattr(b, "description", "") or ""),
-                              "capabilities": sorted(b.capabilities)} for b in backends],
-                "areas": list(areas), "k": k, "strict": bool(strict), "jobs": int(jobs)},
+                              "capabilities": sorted(b.capabilities), "gated": gated,
+                              "gated_missing": sorted(set(gated) - set(b.capabilities))} for b in backends],
+                "areas": list(areas), "k": k, "strict": gate is True, "required": gated, "jobs": int(jobs)},
         "records": records,
         "matrix": matrix(results, names),
         "summary": summary(records),
@@ -212,24 +216,27 @@ def _dist_text(d: dict | None) -> str:
 
 
 def failures(doc: dict) -> list[dict]:
-    strict = doc["run"]["strict"]
-    return sorted((r for r in doc["records"] if rec.failing(r["outcome"], strict)),
+    gate = rec.gate_of(doc["run"])
+    return sorted((r for r in doc["records"] if rec.failing(r["outcome"], gate, r.get("capability"))),
                   key=lambda r: (r["area"], r["case"], r["backend"]))
 
 
 def summary_md(doc: dict, wall: float | None = None) -> str:
     run = doc["run"]
-    strict = run["strict"]
+    strict, required = run["strict"], run.get("required") or []
     out = ["# mlconf results\n",
            f"mlconf {doc['mlconf_version']}; backends {', '.join(b['name'] for b in run['backends'])}; "
            f"areas {', '.join(run['areas'])}" + (f"; -k {run['k']!r}" if run["k"] else "")
-           + ("; --strict (unsupported counts as a failure)" if strict else "") + "\n"]
+           + ("; --strict (unsupported counts as a failure)" if strict else
+              f"; --require {','.join(required)} (unsupported counts as a failure there)" if required
+              else "") + "\n"]
     rows = [[s["backend"], s["area"], *(s[o] for o in rec.OUTCOMES), s["total"]] for s in doc["summary"]]
     out += ["## Outcomes by area and backend\n",
             tabulate(rows, headers=["backend", "area", *rec.OUTCOMES, "total"], tablefmt="github"), ""]
     n_fail = len(failures(doc))
     out.append(f"{len(doc['records'])} case runs; {n_fail} "
                + ("failing (fail, error, crash, timeout, unsupported)" if strict
+                  else "failing (fail, error, crash, timeout, unsupported where required)" if required
                   else "failing (fail, error, crash, timeout)") + "\n")
     mrows = [[m["a"], m["b"], m["kind"], m["compared"], m["identical"],
               "-" if m["share"] is None else f"{m['share']:.1%}",
@@ -253,7 +260,7 @@ def summary_md(doc: dict, wall: float | None = None) -> str:
 
 # ---------------------------------------------------------------- junit.xml
 def junit_xml(doc: dict) -> bytes:
-    strict = doc["run"]["strict"]
+    gate = rec.gate_of(doc["run"])
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in doc["records"]:
         groups[(r["backend"], r["area"])].append(r)
@@ -269,7 +276,8 @@ def junit_xml(doc: dict) -> bytes:
                 ET.SubElement(props, "property", name=k, value=str(r[k]))
             msg = r["detail"] or r["outcome"]
             dist = _dist_text(r["distances"])
-            if r["outcome"] == "fail" or (strict and r["outcome"] == "unsupported"):
+            if r["outcome"] == "fail" or (r["outcome"] == "unsupported"
+                                          and rec.failing("unsupported", gate, r.get("capability"))):
                 el = ET.SubElement(tc, "failure", message=msg, type=r["outcome"])
                 el.text = dist or None
                 n["failures"] += 1

@@ -49,6 +49,7 @@ class Result:
     output_kind: str = ""       # records.OUTPUT_KINDS
     tolerance: str | None = None    # the specs/tolerances.yaml entry of a toleranced case
     output: Any = field(default=None, repr=False, compare=False)   # the raw output (not serialized)
+    capability: str = ""        # the backend capability the case needs (what --require gates)
 
 
 class Workdir:
@@ -413,7 +414,8 @@ def _ids_detail(case: Case, work: Workdir, got: list[int], i: int) -> str:
 
 def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
     r = Result(case.id, case.area, case.spec, backend.name, "error", case.compare, case.expected,
-               output_kind=output_kind(case), tolerance=case.params.get("tolerance"))
+               output_kind=output_kind(case), tolerance=case.params.get("tolerance"),
+               capability=case.capability)
     if case.params.get("expected_from"):
         r.expected = f"the {case.params['expected_from']} backend's output"
     try:

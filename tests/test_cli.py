@@ -63,10 +63,10 @@ def test_load_missing_file_is_io_not_traceback(tmp_path):
     no_traceback(r)
 
 
-def test_usage_errors_exit_1():
+def test_usage_errors_exit_4():
     for args in (["load"], ["load", "x.mlb", "-b", "nope"], ["frobnicate"], ["quantize", "a.npy", "b.npz"]):
         r = mlconf(*args)
-        assert r.returncode == 1, args
+        assert r.returncode == 4, args
         no_traceback(r)
 
 
@@ -120,7 +120,7 @@ def test_quantize_bad_input(tmp_path, make, needle):
     src = tmp_path / "in.npy"
     make(src)
     r = mlconf("quantize", "--type", "q8_0", src, tmp_path / "out.npz")
-    assert r.returncode == 1 and needle in r.stderr, r.stderr
+    assert r.returncode == 4 and needle in r.stderr, r.stderr
     no_traceback(r)
     assert sorted(p.name for p in tmp_path.iterdir()) == (["in.npy"] if src.exists() else [])
 
@@ -128,7 +128,7 @@ def test_quantize_bad_input(tmp_path, make, needle):
 def test_quantize_refuses_f16_overflow_and_leaves_nothing(tmp_path):
     np.save(tmp_path / "big.npy", np.full(32, 127 * 70000, np.float32))
     r = mlconf("quantize", "--type", "q8_0", "--f16-scales", tmp_path / "big.npy", tmp_path / "o.npz")
-    assert r.returncode == 1 and "65504" in r.stderr
+    assert r.returncode == 4 and "65504" in r.stderr
     assert not (tmp_path / "o.npz").exists() and not list(tmp_path.glob(".*part"))
 
 
@@ -138,8 +138,8 @@ def test_run_prints_table_and_selects(tmp_path):
     assert (tmp_path / "rep" / "results.json").is_file()
     row = next(line for line in r.stdout.splitlines() if line.startswith("reference"))
     assert row.split()[:3] == ["reference", "loader", "9"]
-    assert mlconf("run", "-k", "no-such-case", cwd=tmp_path).returncode == 1
-    assert mlconf("run", "-k", "(unbalanced", cwd=tmp_path).returncode == 1
+    assert mlconf("run", "-k", "no-such-case", cwd=tmp_path).returncode == 5
+    assert mlconf("run", "-k", "(unbalanced", cwd=tmp_path).returncode == 4
     assert not (tmp_path / "reports").exists()   # nothing written for a run that selects nothing
 
 
@@ -157,7 +157,7 @@ def test_forward_writes_logits_and_refuses_bad_tokens(tmp_path):
                          (["--tokens", "1", "--ctx", "100000"], "ctx"),
                          (["--tokens", "1", "-b", "nope"], "unknown backend")):
         r = mlconf("forward", model, *args)
-        assert r.returncode == 1 and needle in r.stderr, (args, r.stderr)
+        assert r.returncode == 4 and needle in r.stderr, (args, r.stderr)
         no_traceback(r)
 
 
@@ -171,7 +171,7 @@ def test_imatrix_command(tmp_path):
     im = mlb.read_imatrix(tmp_path / "o.mli")
     assert im.tokens == im.tokens_cls == 5 and im.n_layers == 2
     r = mlconf("imatrix", model, "--tokens", "1", "-o", tmp_path / "nodir" / "o.mli")
-    assert r.returncode == 1
+    assert r.returncode == 4
     no_traceback(r)
 
 
@@ -183,7 +183,7 @@ def test_convert_command(tmp_path):
     assert r.returncode == 0, r.stderr
     assert mlconf("load", tmp_path / "m.mlb").returncode == 0
     r = mlconf("convert", tmp_path / "missing", tmp_path / "x.mlb")
-    assert r.returncode == 1 and not (tmp_path / "x.mlb").exists()
+    assert r.returncode == 4 and not (tmp_path / "x.mlb").exists()
     no_traceback(r)
 
 
@@ -204,11 +204,11 @@ def test_encode_decode_commands(tmp_path):
                          (["encode", tmp_path / "absent.mlt", "--text", "x"], "ML_E_IO"),
                          (["encode", p, "--file", tmp_path / "absent.txt"], "cannot read")):
         r = mlconf(*args)
-        assert r.returncode == 1 and needle in r.stderr, (args, r.stderr)
+        assert r.returncode == 4 and needle in r.stderr, (args, r.stderr)
         no_traceback(r)
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
     r = mlconf("encode", p, "--file", tmp_path / "bad.txt")
-    assert r.returncode == 1 and "UTF-8" in r.stderr
+    assert r.returncode == 4 and "UTF-8" in r.stderr
 
 
 def test_decode_in_an_ascii_locale_escapes_what_it_cannot_print(tmp_path):
@@ -237,7 +237,7 @@ def test_unwritable_outputs_are_errors_not_tracebacks(tmp_path):
     for args in (["fixtures", "/proc/mlconf-no-such-dir"],
                  ["quantize", "--type", "q8_0", tmp_path / "x.npy", tmp_path]):
         r = mlconf(*args)
-        assert r.returncode == 1 and r.stderr.startswith("mlconf: error:"), (args, r.stderr)
+        assert r.returncode == 4 and r.stderr.startswith("mlconf: error:"), (args, r.stderr)
         no_traceback(r)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]
 
@@ -250,7 +250,7 @@ def test_convert_bitnet_command(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "m.gguf").stat().st_size > 0
     r = mlconf("convert-bitnet", tmp_path / "missing", tmp_path / "x.gguf", "--outtype", "f32")
-    assert r.returncode == 1 and not (tmp_path / "x.gguf").exists()
+    assert r.returncode == 4 and not (tmp_path / "x.gguf").exists()
     no_traceback(r)
 
 
@@ -308,7 +308,7 @@ def test_embed_reading_option():
     teacher, _ = _bitnet_golden("qwen3_teacher_f16")
     for backend in ("reference", "bitnet"):
         r = mlconf("embed", teacher, "--tokens", "1,2,3", "--reading", "ternary", "-b", backend)
-        assert r.returncode == 1 and "reading ternary needs a BitNet student" in r.stderr, (backend, r.stderr)
+        assert r.returncode == 4 and "reading ternary needs a BitNet student" in r.stderr, (backend, r.stderr)
         no_traceback(r)
 
 
@@ -362,11 +362,11 @@ def test_embed_errors_are_one_line(tmp_path):
             ([path, "--tokens", ","], "no token"),
             ([path, "--tokens", "1", "-b", "no-such-backend"], "no-such-backend")):
         r = mlconf("embed", *args)
-        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert r.returncode == 4, (args, r.stdout, r.stderr)
         assert r.stderr.startswith("mlconf: error:") and needle in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         no_traceback(r)
     r = mlconf("embed", path, "--tokens", "1", "--pooling", "max")
-    assert r.returncode == 1 and "--pooling" in r.stderr
+    assert r.returncode == 4 and "--pooling" in r.stderr
     r = mlconf("embed", path)
-    assert r.returncode == 1 and "--tokens" in r.stderr
+    assert r.returncode == 4 and "--tokens" in r.stderr

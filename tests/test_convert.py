@@ -339,7 +339,7 @@ def test_imatrix(hf, tmp_path):
     # Gemma 3 defaults to the round rule, which takes no imatrix
     out2 = tmp_path / "g.mlb"
     assert conv.main([str(hf["gemma3_text"][0]), str(out2), "--wtype", "q4_0", "--imatrix",
-                      str(tmp_path / "im.mli")]) == 1
+                      str(tmp_path / "im.mli")]) == 4
     assert not out2.exists()
 
 
@@ -487,7 +487,7 @@ def test_refused(case, hf, tmp_path, capsys):
     folder = copy_checkpoint(hf[base][0], tmp_path / "hf", config=config, tensors=tensors)
     out = tmp_path / "out" / "m.mlb"
     out.parent.mkdir()
-    assert conv.main([str(folder), str(out)]) == 1
+    assert conv.main([str(folder), str(out)]) == 4
     err = capsys.readouterr().err
     assert err.startswith("error: ") and needle in err, err
     assert "Traceback" not in err
@@ -501,7 +501,7 @@ def test_refused(case, hf, tmp_path, capsys):
 ])
 def test_refused_options(argv, needle, hf, tmp_path, capsys):
     out = tmp_path / "m.mlb"
-    assert conv.main([str(hf["llama"][0]), str(out), *argv]) == 1
+    assert conv.main([str(hf["llama"][0]), str(out), *argv]) == 4
     assert needle in capsys.readouterr().err
     assert not out.exists()
 
@@ -516,7 +516,7 @@ def test_cli_script(hf, tmp_path):
     assert loader.load(out).ok
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "nowhere"), str(tmp_path / "x.mlb")],
                        capture_output=True, encoding="utf-8")
-    assert r.returncode == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    assert r.returncode == 4 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
 
 
 def test_imports():

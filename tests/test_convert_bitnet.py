@@ -244,7 +244,7 @@ def _refused(ck: Path, tmp_path: Path, outtype: str, *needles: str) -> None:
         cb.convert(ck, out, outtype)
     for n in needles:
         assert n in str(e.value)
-    assert cb.main([str(ck), str(out), "--outtype", outtype]) == 1
+    assert cb.main([str(ck), str(out), "--outtype", outtype]) == 4
     assert list(tmp_path.glob("bad.gguf*")) == []           # nothing half-written
 
 

@@ -349,7 +349,7 @@ def test_refusal(name, tmp_path):
     mutate(doc)
     config = doc.pop("__config__", None)
     code, err, out = run(doc, tmp_path, config)
-    assert code == 1
+    assert code == 4
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert needle in err, err
     assert list(out.parent.iterdir()) == [], "a refusal leaves no file (not even a temporary one)"
@@ -372,10 +372,10 @@ def test_refusal_keeps_an_existing_output(tmp_path):
 def test_unreadable_input(content, tmp_path, capsys):
     src = tmp_path / "tokenizer.json"
     src.write_text(content, encoding="utf-8")
-    assert ct.main([str(src), str(tmp_path / "o.mlt")]) == 1
+    assert ct.main([str(src), str(tmp_path / "o.mlt")]) == 4
     assert capsys.readouterr().err.startswith(f"error: {src}: ")
     assert not (tmp_path / "o.mlt").exists()
-    assert ct.main([str(tmp_path / "missing.json"), str(tmp_path / "o.mlt")]) == 1
+    assert ct.main([str(tmp_path / "missing.json"), str(tmp_path / "o.mlt")]) == 4
 
 
 @pytest.mark.parametrize("mutate", [
@@ -388,7 +388,7 @@ def test_malformed_fields_give_one_line(mutate, tmp_path):
     doc = sp_base()
     mutate(doc)
     code, err, out = run(doc, tmp_path)
-    assert code == 1 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert code == 4 and err.startswith("error: ") and err.count("\n") == 1, err
     assert list(out.parent.iterdir()) == []
 
 
@@ -518,7 +518,7 @@ def test_config_option_and_beside(tmp_path, capsys):
     assert "n_vocab" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     bad.write_text("{", encoding="utf-8")
-    assert ct.main([str(src), str(tmp_path / "b.mlt"), "--config", str(bad)]) == 1
+    assert ct.main([str(src), str(tmp_path / "b.mlt"), "--config", str(bad)]) == 4
     assert not (tmp_path / "b.mlt").exists()
 
 
@@ -535,7 +535,7 @@ def test_runs_as_a_script(tmp_path):
     src = _write(doc, tmp_path / "w.json")
     r = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "w.mlt")], capture_output=True,
                        text=True, encoding="utf-8")
-    assert r.returncode == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    assert r.returncode == 4 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
     assert not (tmp_path / "w.mlt").exists()
 
 

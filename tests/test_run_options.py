@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mlconf import backends, cases, cli, runner
+from mlconf import backends, cases, cli, reports, runner
 from mlconf.backends import get
 from mlconf.backends.reference import ReferenceBackend
 
@@ -118,7 +118,7 @@ def test_timeout_sets_the_worker_timeout(tmp_path, monkeypatch, capsys):
                     "--timeout", "7.5")
     assert rc == 0
     assert seen == {"native": 7.5, "bitnet": 7.5, "reference": None}   # reference: in-process, none
-    assert cli.main(["run", "-k", "flags_zero", "--timeout", "0", "--report", str(tmp_path / "x")]) == 1
+    assert cli.main(["run", "-k", "flags_zero", "--timeout", "0", "--report", str(tmp_path / "x")]) == 4
     assert "--timeout" in capsys.readouterr().err
 
 
@@ -134,20 +134,62 @@ def test_forked_children_get_their_own_worker_with_the_timeout():
     assert runner._fresh(w) is w          # not registered: the forked copy (in-process)
 
 
+def test_require_gates_only_the_named_capabilities(tmp_path, capsys):
+    """--require fails the unsupported cases of the named capabilities only, and results.json says
+    what each backend was gated on (and which of those it lacks)."""
+    args = ("-b", "native", "-k", "i2s_pack/golden or flags_zero")
+    rc, doc = run_cli(tmp_path, *args, "--require", "load,quantize_q8_0", name="claimed")
+    assert rc == 0 and {r["outcome"] for r in doc["records"]} == {"pass", "unsupported"}
+    assert doc["run"]["required"] == ["load", "quantize_q8_0"] and doc["run"]["strict"] is False
+    assert doc["run"]["backends"][0]["gated_missing"] == []
+    rc, doc = run_cli(tmp_path, *args, "--require", "load", "--require", "i2s", name="i2s")
+    assert rc == 1 and doc["run"]["backends"][0]["gated_missing"] == ["i2s"]
+    fails = reports.failures(doc)
+    assert fails and {r["capability"] for r in fails} == {"i2s"}
+    assert "--require i2s,load" in (tmp_path / "i2s" / "summary.md").read_text(encoding="utf-8")
+    capsys.readouterr()
+    assert cli.main(["run", *args, "--require", "gpu", "--report", str(tmp_path / "x")]) == 4
+    assert "--require gpu: not a capability" in capsys.readouterr().err
+
+
+def test_exit_statuses(tmp_path, capsys, monkeypatch):
+    """One meaning each (mlconf.tools.exits, README "Exit statuses"): 0 pass, 1 a failing case, 2
+    a rejected file, 4 a usage or input error, 5 nothing selected, 130 Ctrl-C (one line)."""
+    from mlconf.tools import exits
+    assert (exits.OK, exits.FAILED, exits.REJECTED, exits.USAGE, exits.NOTHING, exits.INTERRUPTED) == \
+        (0, 1, 2, 4, 5, 130)
+    assert run_cli(tmp_path, "-b", "reference", "-k", "flags_zero", name="ok")[0] == 0
+    assert run_cli(tmp_path, "-b", "native", "-k", "i2s_pack/golden", "--strict", name="f")[0] == 1
+    bad = tmp_path / "bad.mlb"
+    bad.write_bytes(b"MLB1" + bytes(60))
+    assert cli.main(["load", str(bad)]) == 2
+    assert cli.main(["run", "--no-such-flag"]) == 4
+    assert cli.main(["report", str(tmp_path / "missing.json")]) == 4
+    assert cli.main(["run", "-k", "no-such-case", "--report", str(tmp_path / "n")]) == 5
+    capsys.readouterr()
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "cmd_backends", interrupted)
+    assert cli.main(["backends"]) == 130
+    assert capsys.readouterr().err == "mlconf: interrupted\n"
+
+
 def test_no_selected_case_is_an_error(tmp_path, capsys):
-    assert cli.main(["run", "-k", "no-such-case", "--report", str(tmp_path / "r")]) == 1
+    assert cli.main(["run", "-k", "no-such-case", "--report", str(tmp_path / "r")]) == 5
     assert "no case matches" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
-    assert cli.main(["run", "-k", "flags_zero", "--jobs", "0", "--report", str(tmp_path / "r")]) == 1
+    assert cli.main(["run", "-k", "flags_zero", "--jobs", "0", "--report", str(tmp_path / "r")]) == 4
 
 
 def test_progress_lines_and_in_place_updates():
     class Res:
         def __init__(self, outcome):
             self.outcome, self.backend, self.case, self.detail = outcome, "b", "area/x", "why"
+            self.capability = "load"
 
     out = io.StringIO()
-    p = cli.Progress(20, strict=False, stream=out)
+    p = cli.Progress(20, stream=out)
     for i in range(20):
         p(Res("fail" if i == 4 else "unsupported"))
     p.close()
@@ -160,7 +202,7 @@ def test_progress_lines_and_in_place_updates():
             return True
 
     out = Tty()
-    p = cli.Progress(3, strict=True, stream=out)
+    p = cli.Progress(3, True, stream=out)
     for o in ("pass", "unsupported", "pass"):
         p(Res(o))
     p.close()

@@ -23,7 +23,6 @@ tensor, and no output file is left behind (the writer writes a temporary file an
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import numbers
@@ -39,7 +38,7 @@ import numpy as np
 
 from mlconf import specs
 from mlconf.backends.reference import layout, loader
-from mlconf.tools import mlb
+from mlconf.tools import exits, mlb
 
 
 class ConvertError(ValueError):
@@ -776,7 +775,7 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, *, wtype: st
 
 
 def main(argv: list[str] | None = None, prog: str = "convert.py") -> int:
-    ap = argparse.ArgumentParser(prog=prog, description="Convert a Hugging Face checkpoint "
+    ap = exits.ArgumentParser(prog=prog, description="Convert a Hugging Face checkpoint "
                                  "(config.json + safetensors) to an MLB v1 model file.")
     ap.add_argument("hf_dir", help="checkpoint folder")
     ap.add_argument("out", help="output .mlb file")
@@ -797,10 +796,10 @@ def main(argv: list[str] | None = None, prog: str = "convert.py") -> int:
                     q8_mask=classes, q4_rule=args.q4_rule, imatrix=args.imatrix)
     except (ConvertError, mlb.MLBError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return exits.USAGE
     except OSError as e:
         print(f"error: {args.out}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        return exits.USAGE
     print(f"wrote {args.out}: {h['n_layers']} layers, dim {h['dim']}, vocab {h['vocab']}, "
           f"{args.wtype}, {os.path.getsize(args.out)} bytes")
     return 0

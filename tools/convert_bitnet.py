@@ -30,7 +30,6 @@ rows*cols/4 bytes of 2-bit codes then a 32-byte tail: the f32 scale and 28 zero 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from mlconf.backends.reference import i2s
+from mlconf.tools import exits
 from mlconf.tools.convert import Checkpoint, ConvertError, _layer_types, read_config
 
 I2_S_TYPE = 36
@@ -501,7 +501,7 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
 
 
 def main(argv: list[str] | None = None, prog: str = "convert_bitnet.py") -> int:
-    ap = argparse.ArgumentParser(prog=prog, description="Convert a BitNet embedding checkpoint "
+    ap = exits.ArgumentParser(prog=prog, description="Convert a BitNet embedding checkpoint "
                                  "(Qwen3 / Gemma 3 base, safetensors) to GGUF.")
     ap.add_argument("ckpt", help="checkpoint folder")
     ap.add_argument("out", help="output .gguf file")
@@ -515,10 +515,10 @@ def main(argv: list[str] | None = None, prog: str = "convert_bitnet.py") -> int:
         s = convert(args.ckpt, args.out, args.outtype, f32_norms=args.f32_norms)
     except ConvertError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return exits.USAGE
     except OSError as e:
         print(f"error: {args.out}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        return exits.USAGE
     print(f"wrote {args.out}: {s['arch']}, {s['n_layers']} layers, dim {s['dim']}, {args.outtype}, "
           f"pooling {s['pooling'] or 'unset'}, {os.path.getsize(args.out)} bytes")
     return 0

@@ -47,7 +47,6 @@ Decisions (each matches what HF does, checked in tests/test_convert_tokenizer.py
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -57,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from mlconf import specs
-from mlconf.tools import mlt
+from mlconf.tools import exits, mlt
 from mlconf.tools.mlt import (
     ATTR_ADDED,
     ATTR_BYTE,
@@ -492,7 +491,7 @@ def convert(json_path: str | os.PathLike, out_path: str | os.PathLike,
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "convert_tokenizer.py") -> int:
-    ap = argparse.ArgumentParser(prog=prog, description="Convert a Hugging Face tokenizer.json (BPE) "
+    ap = exits.ArgumentParser(prog=prog, description="Convert a Hugging Face tokenizer.json (BPE) "
                                  "to an .mlt tokenizer file.")
     ap.add_argument("tokenizer_json", help="tokenizer.json")
     ap.add_argument("out", help="output .mlt file")
@@ -503,14 +502,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "convert_tokenizer.py") 
         tok = convert(args.tokenizer_json, args.out, args.config)
     except (ConvertError, mlt.MLTError) as e:
         print(f"error: {args.tokenizer_json}: {e}".replace("\n", " "), file=sys.stderr)
-        return 1
+        return exits.USAGE
     except (KeyError, TypeError, AttributeError, IndexError) as e:  # a field of an unexpected shape
         print(f"error: {args.tokenizer_json}: malformed tokenizer.json ({type(e).__name__}: {e})",
               file=sys.stderr)
-        return 1
+        return exits.USAGE
     except OSError as e:
         print(f"error: {args.out}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        return exits.USAGE
     print(mlt.info(tok, args.out))
     return 0
 
