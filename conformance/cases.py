@@ -16,6 +16,7 @@ A Case names the capability it needs, the spec row it comes from and its expecta
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -411,6 +412,21 @@ def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | Non
         match = keyword_matcher(keyword)
         out = [c for c in out if match(c.id)]
     return out
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """"K/N" (1 <= K <= N) of --shard; ValueError otherwise."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ValueError(f"--shard {text!r}: expected K/N with 1 <= K <= N")
+    return int(m.group(1)), int(m.group(2))
+
+
+def shard(selected: list[Case], k: int, n: int) -> list[Case]:
+    """The cases of shard k of n: those whose id's sha256 is k - 1 modulo n. A case's shard
+    depends on its id alone, so adding or removing another case moves no case between shards."""
+    return [c for c in selected
+            if int.from_bytes(hashlib.sha256(c.id.encode("utf-8")).digest()[:8], "big") % n == k - 1]
 
 
 # ---------------------------------------------------------------- -k expressions

@@ -214,8 +214,15 @@ def cmd_run(args) -> int:
         selected = cases.collect(args.area, args.k)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.shard:
+        try:
+            k, n = cases.parse_shard(args.shard)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        selected = cases.shard(selected, k, n)
     if not selected:
-        raise NothingSelected(f"no case matches (areas {args.area or 'all'}, -k {args.k!r})")
+        raise NothingSelected(f"no case matches (areas {args.area or 'all'}, -k {args.k!r}"
+                              + (f", shard {args.shard}" if args.shard else "") + ")")
     gate = True if args.strict else _required(args.require)
     from concurrent.futures import ThreadPoolExecutor
     names = args.backend or builtin_names()
@@ -236,7 +243,8 @@ def cmd_run(args) -> int:
         progress.close()
     from mlconf.cases import AREAS
     areas = [a for a in AREAS if a in (args.area or AREAS)]
-    doc = reports.build(results, backends, areas, args.k, gate, args.jobs)
+    doc = reports.build(results, backends, areas, args.k, gate, args.jobs,
+                        shards=[args.shard.replace(" ", "")] if args.shard else [])
     wall = time.perf_counter() - start
     written = reports.write(doc, args.report, wall=wall)
     print(summary_table(results))
@@ -266,10 +274,11 @@ def _required(values: list[str] | None) -> frozenset[str]:
 def cmd_report(args) -> int:
     from mlconf import reports
     try:
-        doc = reports.load(args.results)
+        docs = [reports.load(p) for p in args.results]
+        doc = reports.merge(docs, args.results) if len(docs) > 1 else docs[0]
     except reports.ResultsError as e:
         raise UsageError(str(e)) from None
-    written = reports.write(doc, args.report, results_json=False)
+    written = reports.write(doc, args.report, results_json=len(docs) > 1)
     print(f"reports: {', '.join(str(p) for p in written)}")
     return 0
 
@@ -547,13 +556,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "backends (reference) have none")
     p.add_argument("--strict", action="store_true",
                    help="unsupported counts as a failure, in every capability (the CI-gate mode)")
+    p.add_argument("--shard", metavar="K/N",
+                   help="run shard K of N of the selected cases (by a hash of each case id: stable when "
+                        "cases are added); `mlconf report` merges the shards' results.json")
     p.add_argument("--require", action="append", metavar="CAP[,CAP...]",
                    help="unsupported counts as a failure in these capabilities only (the ones a runtime "
                         "claims; repeatable)")
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("report", help="rebuild summary.md, junit.xml and report.html from a results.json")
-    p.add_argument("results", metavar="RESULTS.json")
+    p = sub.add_parser("report", help="rebuild summary.md, junit.xml and report.html from a results.json, "
+                                      "or merge several (the shards of one run) into one report")
+    p.add_argument("results", metavar="RESULTS.json", nargs="+")
     p.add_argument("--report", default="reports", metavar="DIR", help="output folder (default: %(default)s)")
     p.set_defaults(fn=cmd_report)
 

@@ -138,9 +138,10 @@ def _version() -> str:
     return __version__
 
 
-def build(results, backends, areas: list[str], k: str | None, gate: bool | frozenset[str], jobs: int) -> dict:
+def build(results, backends, areas: list[str], k: str | None, gate: bool | frozenset[str], jobs: int,
+          shards: list[str] | None = None) -> dict:
     """The results.json document of a run (runner.Results with their outputs); ``gate`` as
-    records.failing takes it."""
+    records.failing takes it; ``shards``: the --shard of the run (merged runs list several)."""
     from mlconf.backends import CAPABILITIES
     records = rec.records(results)
     names = [b.name for b in backends]
@@ -151,11 +152,76 @@ def build(results, backends, areas: list[str], k: str | None, gate: bool | froze
         "run": {"backends": [{"name": b.name, "description": str(getattr(b, "description", "") or ""),
                               "capabilities": sorted(b.capabilities), "gated": gated,
                               "gated_missing": sorted(set(gated) - set(b.capabilities))} for b in backends],
-                "areas": list(areas), "k": k, "strict": gate is True, "required": gated, "jobs": int(jobs)},
+                "areas": list(areas), "k": k, "strict": gate is True, "required": gated, "jobs": int(jobs),
+                "shards": list(shards or [])},
         "records": records,
         "matrix": matrix(results, names),
         "summary": summary(records),
     }
+
+
+def _merge_worst(a: dict | None, b: dict | None) -> dict | None:
+    """Two shards' worst distances of one matrix row: counts add, first_diff is the smaller,
+    every other figure the larger (a "NaN" stays)."""
+    if a is None or b is None:
+        return a if b is None else b
+    out = {}
+    for key in a:
+        x, y = a[key], b[key]
+        if key.endswith("_cases") or key.endswith("_mismatch"):
+            out[key] = x + y
+        elif key == "first_diff":
+            out[key] = y if x is None else x if y is None else min(x, y)
+        elif "NaN" in (x, y):
+            out[key] = "NaN"
+        else:
+            out[key] = max(x, y, key=lambda v: float("inf") if v == "Infinity" else float(v))
+    return out
+
+
+def merge(docs: list[dict], names: list[str]) -> dict:
+    """One results document from the shards of one run (each case in one shard): the same mlconf,
+    selection and gate, every backend in each; ResultsError otherwise, or when a (backend, case)
+    appears twice."""
+    first = docs[0]
+    for doc, name in zip(docs[1:], names[1:], strict=True):
+        for key, what in ((("mlconf_version",), "mlconf version"), (("run", "k"), "-k"),
+                          (("run", "strict"), "--strict"), (("run", "required"), "--require"),
+                          (("run", "areas"), "--area")):
+            va, vb = first, doc
+            for part in key:
+                va, vb = va.get(part), vb.get(part)
+            if va != vb:
+                raise ResultsError(f"{name}: {what} {vb!r} differs from {names[0]}'s {va!r}: "
+                                   "not shards of one run")
+        if [b["name"] for b in doc["run"]["backends"]] != [b["name"] for b in first["run"]["backends"]]:
+            raise ResultsError(f"{name}: other backends than {names[0]}: not shards of one run")
+    seen: dict[tuple[str, str], str] = {}
+    records = []
+    for doc, name in zip(docs, names, strict=True):
+        for r in doc["records"]:
+            key = (r["backend"], r["case"])
+            if key in seen:
+                raise ResultsError(f"{name}: {r['backend']} {r['case']} is also in {seen[key]}")
+            seen[key] = name
+            records.append(r)
+    records.sort(key=lambda d: (d["backend"], d["case"]))
+    rows: dict[tuple[str, str, str], dict] = {}
+    for doc in docs:
+        for m in doc["matrix"]:
+            key = (m["a"], m["b"], m["kind"])
+            if key not in rows:
+                rows[key] = dict(m)
+                continue
+            row = rows[key]
+            row["compared"] += m["compared"]
+            row["identical"] += m["identical"]
+            row["share"] = row["identical"] / row["compared"] if row["compared"] else None
+            row["worst"] = _merge_worst(row["worst"], m["worst"])
+    run = dict(first["run"], jobs=max(d["run"]["jobs"] for d in docs),
+               shards=[s for d in docs for s in d["run"].get("shards", [])])
+    return {**first, "run": run, "records": records, "matrix": list(rows.values()),
+            "summary": summary(records)}
 
 
 def dumps(doc: dict) -> str:

@@ -209,3 +209,30 @@ def test_progress_lines_and_in_place_updates():
     text = out.getvalue()
     assert "\r[1/3] 0 failing so far" in text and "UNSUPPORTED b area/x: why\n" in text
     assert text.endswith("\r[3/3] 1 failing so far\n")
+
+
+def test_shards_together_equal_the_unsharded_run(tmp_path, capsys):
+    """--shard 1/3..3/3 split the cases (each in one shard, by its id alone) and `mlconf report`
+    merges their results.json into the unsharded run's records, matrix and summary."""
+    args = ("-b", "reference", "-b", "native", "--area", "quant", "--area", "loader", "-k",
+            "q4_0 or q8_0 or flags")
+    _, whole = run_cli(tmp_path, *args, name="whole")
+    parts = [run_cli(tmp_path, *args, "--shard", f"{k}/3", name=f"s{k}")[1] for k in (1, 2, 3)]
+    assert all(p["records"] for p in parts)
+    assert [p["run"]["shards"] for p in parts] == [["1/3"], ["2/3"], ["3/3"]]
+    ids = [{r["case"] for r in p["records"]} for p in parts]
+    assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    files = [str(tmp_path / f"s{k}" / "results.json") for k in (1, 2, 3)]
+    assert cli.main(["report", *files, "--report", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text(encoding="utf-8"))
+    for key in ("records", "matrix", "summary"):
+        assert merged[key] == whole[key], key
+    assert merged["run"]["shards"] == ["1/3", "2/3", "3/3"]
+    # a case's shard does not depend on what else is selected
+    sel = cases.collect(["quant"])
+    assert {c.id for c in cases.shard(sel[5:], 2, 3)} == {c.id for c in cases.shard(sel, 2, 3)} - \
+        {c.id for c in sel[:5]}
+    capsys.readouterr()
+    assert cli.main(["report", files[0], files[0], "--report", str(tmp_path / "dup")]) == 4
+    assert "is also in" in capsys.readouterr().err
+    assert cli.main(["run", "--shard", "4/3", "--report", str(tmp_path / "x")]) == 4
