@@ -240,12 +240,22 @@ def builtin_names() -> list[str]:
     return out
 
 
-def get(name: str) -> Backend:
+def _factory(name: str) -> Callable[[str], Backend]:
+    """The factory of a backend name (a registered name, or a registered prefix such as lib:)."""
     _load_plugins()
     if name in _FACTORIES:
-        return _FACTORIES[name](name)
+        return _FACTORIES[name]
     prefix = name.split(":", 1)[0] + ":"
     if ":" in name and prefix in _FACTORIES:
-        return _FACTORIES[prefix](name)
+        return _FACTORIES[prefix]
     known = ", ".join(sorted(_FACTORIES))
     raise BackendError(f"unknown backend {name!r}; known: {known}")
+
+
+def check_name(name: str) -> None:
+    """BackendError unless ``name`` names a backend (nothing is started)."""
+    _factory(name)
+
+
+def get(name: str) -> Backend:
+    return _factory(name)(name)
