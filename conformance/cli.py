@@ -55,17 +55,24 @@ def _backend(name: str):
 def cmd_backends(args) -> int:
     from mlconf.backends import CAPABILITIES, builtin_names
     caps = list(CAPABILITIES)
-    rows, notes = [], []
+    rows, notes, docs = [], [], []
     for n in builtin_names():
         b = _backend(n)
         rows.append([n] + ["yes" if c in b.capabilities else "-" for c in caps])
         if getattr(b, "description", ""):
             notes.append(f"{n}: {b.description}")
+        docs.append({"name": n, "description": str(getattr(b, "description", "") or ""),
+                     "capabilities": sorted(b.capabilities),
+                     "unsupported": {c: str(w) for c, w in sorted(getattr(b, "unsupported", {}).items())}})
+    from mlconf.backends import plugins
+    found = plugins()   # entry points of the group mlconf.backends: named with -b, never built in
+    if args.json:
+        print(json.dumps({"backends": docs, "plugins": [{"name": p.name, "value": p.value, "dist": p.dist,
+                                                         "error": p.error} for p in found]}))
+        return exits.OK
     print(tabulate(rows, headers=["backend"] + caps))
     if notes:
         print("\n" + "\n".join(notes))
-    from mlconf.backends import plugins
-    found = plugins()   # entry points of the group mlconf.backends: named with -b, never built in
     if found:
         print("\nPlug-ins (entry points of mlconf.backends; run one with -b NAME):")
         for p in found:
@@ -224,6 +231,9 @@ def cmd_run(args) -> int:
         raise NothingSelected(f"no case matches (areas {args.area or 'all'}, -k {args.k!r}"
                               + (f", shard {args.shard}" if args.shard else "") + ")")
     gate = True if args.strict else _required(args.require)
+    if args.list:
+        print("\n".join(c.id for c in selected))
+        return exits.OK
     from concurrent.futures import ThreadPoolExecutor
     names = args.backend or builtin_names()
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:  # worker processes start at once
@@ -290,7 +300,10 @@ def cmd_diff(args) -> int:
     except reports.ResultsError as e:
         raise UsageError(str(e)) from None
     regressed, fixed = reports.diff(old, new)
-    print(reports.diff_text(regressed, fixed))
+    if args.json:
+        print(json.dumps({"regressed": regressed, "fixed": fixed}, ensure_ascii=False))
+    else:
+        print(reports.diff_text(regressed, fixed))
     return exits.FAILED if regressed else exits.OK
 
 
@@ -518,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     p = sub.add_parser("backends", help="list backends and their capabilities")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object: backends (capabilities, unsupported) and plug-ins")
     p.set_defaults(fn=cmd_backends)
 
     p = sub.add_parser("load", help="validate an .mlb file on a backend")
@@ -556,6 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "backends (reference) have none")
     p.add_argument("--strict", action="store_true",
                    help="unsupported counts as a failure, in every capability (the CI-gate mode)")
+    p.add_argument("--list", action="store_true", help="print the ids of the selected cases and run nothing")
     p.add_argument("--shard", metavar="K/N",
                    help="run shard K of N of the selected cases (by a hash of each case id: stable when "
                         "cases are added); `mlconf report` merges the shards' results.json")
@@ -573,6 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diff", help="what regressed and what was fixed between two results.json")
     p.add_argument("old", metavar="OLD.json")
     p.add_argument("new", metavar="NEW.json")
+    p.add_argument("--json", action="store_true", help='print {"regressed": [...], "fixed": [...]}')
     p.set_defaults(fn=cmd_diff)
 
     p = sub.add_parser("forward", help="logits of a token sequence (one row per position)")

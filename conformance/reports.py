@@ -387,8 +387,9 @@ def write(doc: dict, outdir: str | Path, wall: float | None = None, results_json
 # ---------------------------------------------------------------- diff
 def diff(old: dict, new: dict) -> tuple[list[dict], list[dict]]:
     """(regressed, fixed) between two results documents. Regressed: a record that passed and now
-    fails, errors, crashes or times out, or that is gone from the new run; fixed: a record that
-    failed, errored, crashed or timed out and now passes."""
+    fails, errors, crashes, times out or is unsupported (a lost capability), or that is gone from
+    the new run; fixed: a record that failed, errored, crashed, timed out or was unsupported and
+    now passes."""
     a = {(r["backend"], r["case"]): r for r in old["records"]}
     b = {(r["backend"], r["case"]): r for r in new["records"]}
     regressed, fixed = [], []
@@ -399,20 +400,32 @@ def diff(old: dict, new: dict) -> tuple[list[dict], list[dict]]:
         row = {"backend": key[0], "case": key[1], "was": was or "absent", "now": now or "absent",
                "before": ra["distances"] if ra else None, "after": rb["distances"] if rb else None,
                "detail": (rb or ra)["detail"]}
-        if was == "pass" and (now in rec.FAILING or now is None):
+        if was == "pass" and (now in rec.FAILING or now in (None, "unsupported")):
             regressed.append(row)
-        elif was in rec.FAILING and now == "pass":
+        elif (was in rec.FAILING or was == "unsupported") and now == "pass":
             fixed.append(row)
     return regressed, fixed
 
 
+DIFF_WIDTH = 110
+
+
+def _fit(text: str, width: int = DIFF_WIDTH) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def diff_text(regressed: list[dict], fixed: list[dict]) -> str:
+    """One line per case (backend, case, outcome change), then its distances before and after on
+    indented lines; no line over DIFF_WIDTH characters."""
     out = []
     for title, rows in (("Regressed", regressed), ("Fixed", fixed)):
         out.append(f"{title}: {len(rows)}")
-        if rows:
-            out.append(tabulate([[r["backend"], r["case"], f"{r['was']} -> {r['now']}",
-                                  _dist_text(r["before"]), _dist_text(r["after"])] for r in rows],
-                                headers=["backend", "case", "outcome", "before", "after"], tablefmt="github"))
+        for r in rows:
+            out.append(_fit(f"  {r['backend']} {r['case']}: {r['was']} -> {r['now']}"))
+            for label, d in (("before", r["before"]), ("after", r["after"])):
+                if d:
+                    out.append(_fit(f"      {label}: {_dist_text(d)}"))
+            if r["now"] in ("unsupported", "absent") and r["detail"]:
+                out.append(_fit(f"      {r['detail']}"))
         out.append("")
     return "\n".join(out)

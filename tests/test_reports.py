@@ -242,17 +242,37 @@ def test_diff_finds_a_planted_regression(wrong_run, tmp_path, capsys):
     passing[0].update(outcome="fail", distances={"differ": 3, "first_diff": 7})
     gone = passing[1]
     new["records"].remove(gone)
+    lost = passing[2]
+    lost.update(outcome="unsupported", detail="libx.so does not export ml_quantize_q4_0")
     failing[0].update(outcome="pass")
     (tmp_path / "new.json").write_text(reports.dumps(new), encoding="utf-8")
     assert cli.main(["diff", str(old), str(tmp_path / "new.json")]) == 1
     text = capsys.readouterr().out
-    assert "Regressed: 2" in text and "Fixed: 1" in text
-    line = next(s for s in text.splitlines() if passing[0]["case"] in s and passing[0]["backend"] in s)
-    assert "pass -> fail" in line and "differ 3, first_diff 7" in line
-    assert any(gone["case"] in s and "pass -> absent" in s for s in text.splitlines())
-    assert any(failing[0]["case"] in s and "fail -> pass" in s for s in text.splitlines())
+    assert "Regressed: 3" in text and "Fixed: 1" in text
+    assert max(map(len, text.splitlines())) <= 110
+    lines = text.splitlines()
+    i = next(k for k, s in enumerate(lines) if passing[0]["case"] in s and passing[0]["backend"] in s)
+    assert "pass -> fail" in lines[i] and "differ 3, first_diff 7" in lines[i + 2]
+    assert any(gone["case"] in s and "pass -> absent" in s for s in lines)
+    assert any(lost["case"] in s and "pass -> unsupported" in s for s in lines)     # a lost capability
+    assert "does not export ml_quantize_q4_0" in text
+    assert any(failing[0]["case"] in s and "fail -> pass" in s for s in lines)
     regressed, fixed = reports.diff(doc, new)
     assert [(r["backend"], r["case"]) for r in fixed] == [(failing[0]["backend"], failing[0]["case"])]
+    assert cli.main(["diff", str(old), str(tmp_path / "new.json"), "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert len(got["regressed"]) == 3 and got["fixed"][0]["now"] == "pass"
+
+
+def test_backends_json_and_run_list(capsys):
+    assert cli.main(["backends", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ref = next(b for b in doc["backends"] if b["name"] == "reference")
+    assert "quantize_q4_0" in ref["capabilities"] and ref["unsupported"] == {}
+    assert cli.main(["run", "--list", "-k", "flags_zero or format.magic"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert "header/flags_zero" in ids and all("flags_zero" in i or "format.magic" in i for i in ids)
+    assert cli.main(["run", "--list", "-k", "no-such-case"]) == 5
 
 
 def test_html_is_written_when_the_renderer_exists(wrong_run, tmp_path):
