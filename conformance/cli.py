@@ -205,6 +205,7 @@ class Progress:
         if self.tty and self._shown:
             self.stream.write("\n")
             self.stream.flush()
+            self._shown = False
 
 
 def cmd_run(args) -> int:
@@ -248,7 +249,9 @@ def cmd_run(args) -> int:
     try:
         results = runner.run(selected, backends, progress=progress, jobs=args.jobs, stop_on=stop_on)
     except RuntimeError as e:      # --jobs: a runner process died (its traceback is on stderr)
-        raise UsageError(str(e)) from None
+        progress.close()
+        print(f"mlconf: error: {e}", file=sys.stderr)
+        return exits.FAILED        # the run did not complete: not a usage error, and not a pass
     finally:
         progress.close()
     from mlconf.cases import AREAS

@@ -168,6 +168,12 @@ def test_exit_statuses(tmp_path, capsys, monkeypatch):
     assert cli.main(["run", "-k", "no-such-case", "--report", str(tmp_path / "n")]) == 5
     capsys.readouterr()
 
+    def died(*args, **kwargs):
+        raise RuntimeError("runner process 2 died")
+    monkeypatch.setattr(runner, "run", died)
+    assert cli.main(["run", "-k", "flags_zero", "--report", str(tmp_path / "d")]) == 1
+    assert "runner process 2 died" in capsys.readouterr().err
+
     def interrupted(args):
         raise KeyboardInterrupt
     monkeypatch.setattr(cli, "cmd_backends", interrupted)
