@@ -25,12 +25,8 @@ TABLES = ["native:scalar", "native:avx2", "native:neon"]
 @pytest.fixture(scope="module", params=TABLES)
 def native(request):
     b = get(request.param)
-    if "quantize_q4_0" not in b.capabilities:
+    if "quantize_q4_0" not in b.capabilities:   # the table cannot run here (ISA, no qemu)
         pytest.skip(f"{request.param}: {b.unsupported.get('quantize_q4_0')}")
-    try:
-        b.quantize_q4_0(np.zeros(32, F32), "round", False)
-    except Exception as e:   # the table does not run here (ISA, qemu)
-        pytest.skip(f"{request.param}: {e}")
     return b
 
 

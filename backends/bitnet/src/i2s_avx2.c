@@ -324,15 +324,8 @@ void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u) {
 
 const i2s_kernel_table i2s_kernels_avx2 = {
     .name = "avx2",
-    .quantize_act = i2s_avx2_quantize_act,
     .dot = dot,
     .dot4 = dot4,
     .dot_rows4 = dot_rows4,
-    .dot_f16 = i2s_avx2_dot_f16,
-    .dot_f32 = i2s_avx2_dot_f32,
-    .dot_f32x4 = i2s_avx2_dot_f32x4,
-    .epilogue = i2s_avx2_epilogue,
-    .axpy = i2s_avx2_axpy,
-    .axpy4 = i2s_avx2_axpy4,
-    .act_mul = i2s_avx2_act_mul,
+    I2S_AVX2_FLOAT_OPS,
 };

@@ -76,6 +76,11 @@ void i2s_avx2_axpy4(int n, const float p[4], const float *x, float *const y[4]);
 void i2s_avx2_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
 void i2s_avx2_axpy(int n, float p, const float *x, float *y);
 void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u);
+/* Their entries, written once for the three x86 tables; each table adds its integer dots. */
+#define I2S_AVX2_FLOAT_OPS                                                                    \
+    .quantize_act = i2s_avx2_quantize_act, .dot_f16 = i2s_avx2_dot_f16, .dot_f32 = i2s_avx2_dot_f32, \
+    .dot_f32x4 = i2s_avx2_dot_f32x4, .epilogue = i2s_avx2_epilogue, .axpy = i2s_avx2_axpy,      \
+    .axpy4 = i2s_avx2_axpy4, .act_mul = i2s_avx2_act_mul
 #endif
 /* the scalar twin's element-wise kernels (i2s_scalar.c), which NEON shares */
 void i2s_scalar_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);

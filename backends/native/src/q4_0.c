@@ -66,7 +66,7 @@ static long search_row(const ml_kernel_table *k, const float *x, size_t cols, co
         float amax;
         int im = block_imax(xb, &amax);
         int tiny = amax < 1e-6f && amax != 0.0f;
-        scale[b] = tiny ? amax : 1.0f;
+        scale[b] = amax == 0.0f ? 0.0f : tiny ? amax : 1.0f;   /* 0 marks an all-zero block */
         for (int j = 0; j < QK; j++) {
             float v = tiny ? xb[j] / scale[b] : xb[j];
             xs[b * QK + j] = v;
@@ -76,9 +76,7 @@ static long search_row(const ml_kernel_table *k, const float *x, size_t cols, co
     }
     k->q4_0_search((int)nb, xs, w, xmax, d, err, l);
     for (size_t b = 0; b < nb; b++) {
-        float amax;
-        block_imax(x + b * QK, &amax);
-        int zero = amax == 0.0f;
+        int zero = scale[b] == 0.0f;
         if (isinf(err[b]) && !zero) return (long)b;
         if (zero) {
             d[b] = 0.0f;
