@@ -36,6 +36,7 @@
 #include <math.h>
 
 #include "i2s_kernels.h"
+#include "i2s_x86_hsum.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define GROUP 4 /* blocks summed in int16 before widening (see BLOCK) */
@@ -47,19 +48,6 @@ static inline float hmax8(__m256 v) {
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
-}
-
-static inline int32_t hsum8(__m256i a) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
-}
-
-/* the four int32 totals of a, b, c, d (8 lanes each) */
-static inline __m128i hsum8x4(__m256i a, __m256i b, __m256i c, __m256i d) {
-    __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
 
 /* The scalar twin's steps for one value (the tail of a row whose length is not a multiple of 32). */

@@ -13,22 +13,11 @@
 #include <immintrin.h>
 
 #include "i2s_kernels.h"
+#include "i2s_x86_hsum.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 ALWAYS_INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-
-static inline int32_t hsum8(__m256i a) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
-}
-
-static inline __m128i hsum8x4(__m256i a, __m256i b, __m256i c, __m256i d) {
-    __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-}
 
 /* The four code vectors of one packed block (32 bytes at w): c[g] = codes of elements 32g.. */
 ALWAYS_INLINE void unpack(const uint8_t *w, __m256i c[4]) {
