@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from mlconf import fixtures, specs
+from mlconf import fixtures, specs, versions
 from mlconf.golden import GOLDEN_DIR
 
 AREAS = ("header", "loader", "quant", "forward", "tokenizer", "bitnet")
@@ -41,7 +41,9 @@ class Case:
 
 
 # ---------------------------------------------------------------- header / loader
-def _fixture_cases() -> list[Case]:
+def _fixture_cases(target: specs.Version | None = None) -> list[Case]:
+    """``target``: a Krafla version; the .mlb expectations are then the spec's for a runtime of
+    that version (versions.expected, derived by the runner from each file's bytes)."""
     out = []
     for f in fixtures.catalog():
         if f.file.startswith("tokenizer/"):
@@ -49,17 +51,18 @@ def _fixture_cases() -> list[Case]:
             row = f"mlt.yaml#{f.rule}" if f.rule else f"mlconf/mlt_fixtures.py#{f.base}"
             cid = f"tokenizer/load/{f.rule or 'valid'}/{name}"
             out.append(Case(cid, "tokenizer", "load_tokenizer", row, "status", {"fixture": f}, f.expected))
-        elif f.kind == "valid":
+            continue
+        params = {"fixture": f} if target is None else {"fixture": f, "target_version": target}
+        name = f.file.rsplit("/", 1)[-1].removesuffix(".mlb")
+        if f.kind == "valid":
             out.append(Case(f"header/{f.base}", "header", "load", f"mlb_fixtures.yaml#{f.base}",
-                            "status", {"fixture": f}, f.expected))
+                            "status", params, f.expected))
         elif f.kind == "malformed":
-            name = f.file.rsplit("/", 1)[-1].removesuffix(".mlb")
             out.append(Case(f"loader/{f.rule}/{name}", "loader", "load", f"mlb_errors.yaml#{f.rule}",
-                            "status", {"fixture": f}, f.expected))
+                            "status", params, f.expected))
         else:
-            name = f.file.rsplit("/", 1)[-1].removesuffix(".mlb")
             out.append(Case(f"loader/accepted/{name}", "loader", "load",
-                            f"mlb_errors.yaml#accepted.{name}", "status", {"fixture": f}, f.expected))
+                            f"mlb_errors.yaml#accepted.{name}", "status", params, f.expected))
     return out
 
 
@@ -131,11 +134,21 @@ def _golden_cases() -> list[Case]:
                  {"rule": "round", "f16": True, "x": x}, expected)]
 
 
-def _forward_cases() -> list[Case]:
+def _forward_cases(target: specs.Version | None = None) -> list[Case]:
+    """Each golden model prefilled, decoded and against the reference; a model that needs a Krafla
+    version newer than ``target`` becomes one case instead: the runtime must refuse to load it."""
     out = []
     for npz in sorted((GOLDEN_DIR / "logits").glob("*.npz")):
-        g = np.load(npz)
         name = npz.stem
+        needs = versions.file_version(versions.read_head(npz.with_suffix(".mlb")))
+        if target is not None and needs is not None and needs > target:
+            status, _ = versions.expected("ML_OK", "", versions.read_head(npz.with_suffix(".mlb")), target)
+            out.append(Case(f"forward/{name}/refused_by_older", "forward", "load",
+                            f"mlb_header.yaml#versions (golden/logits/{name}.mlb needs Krafla "
+                            f"{specs.format_version(needs)})", "status", {"path": npz.with_suffix(".mlb")},
+                            status))
+            continue
+        g = np.load(npz)
         spec = f"tolerances.yaml#logits_runtime_vs_oracle (golden/logits/{name}, oracle transformers)"
         for mode in ("prefill", "decode"):
             params = {"model": npz.with_suffix(".mlb"), "tokens": g["tokens"], "mode": mode,
@@ -392,20 +405,23 @@ def gguf_tensors(path) -> list[dict]:
             for t in gguf.GGUFReader(str(path)).tensors]
 
 
-def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | None = None) -> list[Case]:
+def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | None = None,
+            target_version: specs.Version | None = None) -> list[Case]:
+    """The cases of ``areas`` (all by default) whose id matches ``keyword`` (-k), with the
+    expectations of a Krafla ``target_version`` runtime (None: the newest)."""
     areas = tuple(areas or AREAS)
     unknown = set(areas) - set(AREAS)
     if unknown:
         raise ValueError(f"unknown area(s) {sorted(unknown)}; areas: {', '.join(AREAS)}")
     out: list[Case] = []
     if {"header", "loader", "tokenizer"} & set(areas):
-        out += [c for c in _fixture_cases() if c.area in areas]
+        out += [c for c in _fixture_cases(target_version) if c.area in areas]
     if "tokenizer" in areas:
         out += _tokenizer_golden_cases()
     if "quant" in areas:
         out += _edge_cases() + _golden_cases()
     if "forward" in areas:
-        out += _forward_cases()
+        out += _forward_cases(target_version)
     if "bitnet" in areas:
         out += bitnet_cases()
     if keyword:

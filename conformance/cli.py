@@ -211,15 +211,21 @@ class Progress:
 def cmd_run(args) -> int:
     import time
 
-    from mlconf import cases, records, reports, runner
+    from mlconf import cases, records, reports, runner, specs
     from mlconf.backends import builtin_names
     start = time.perf_counter()
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: must be at least 1")
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout}: must be a positive number of seconds")
+    target = None
+    if args.target_version is not None:
+        try:
+            target = specs.parse_version(args.target_version)
+        except ValueError as e:
+            raise UsageError(f"--target-version: {e}") from None
     try:
-        selected = cases.collect(args.area, args.k)
+        selected = cases.collect(args.area, args.k, target_version=target)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.shard:
@@ -243,6 +249,10 @@ def cmd_run(args) -> int:
         for b in backends:      # worker-backed backends: the per-call timeout of their worker
             if hasattr(b, "timeout"):
                 b.timeout = args.timeout
+    if target is not None:      # a backend with a version switch reads files as that version
+        for b in backends:
+            if hasattr(b, "set_target_version"):
+                b.set_target_version(target)
     total = sum(1 for b in backends for c in selected if c.params.get("expected_from") != b.name)
     progress = Progress(total, gate)
     stop_on = (lambda r: records.failing(r.outcome, gate, r.capability)) if args.fail_fast else None
@@ -257,7 +267,8 @@ def cmd_run(args) -> int:
     from mlconf.cases import AREAS
     areas = [a for a in AREAS if a in (args.area or AREAS)]
     doc = reports.build(results, backends, areas, args.k, gate, args.jobs,
-                        shards=[args.shard.replace(" ", "")] if args.shard else [])
+                        shards=[args.shard.replace(" ", "")] if args.shard else [],
+                        target_version=specs.format_version(target) if target else None)
     wall = time.perf_counter() - start
     written = reports.write(doc, args.report, wall=wall)
     print(summary_table(results))
@@ -581,6 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require", action="append", metavar="CAP[,CAP...]",
                    help="unsupported counts as a failure in these capabilities only (the ones a runtime "
                         "claims; repeatable)")
+    p.add_argument("--target-version", metavar="X.Y.Z",
+                   help="gate a runtime of this Krafla version: files needing a newer one (layer flag bit 2: "
+                        "0.8.0; bit 3 and offsets 132..159: 0.9.0) must be refused; the reference and native "
+                        "switch to it (ml_set_target_version), other backends are taken to be of it")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("report", help="rebuild summary.md, junit.xml and report.html from a results.json, "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlconf import byte_ops, mlt_fixtures, specs
+from mlconf import byte_ops, mlt_fixtures, specs, versions
 from mlconf.backends.reference import layout
 from mlconf.tools import mlb
 
@@ -39,6 +39,10 @@ class Fixture:
     base: str = ""
     mutate: list = field(default_factory=list)
     model_vocab: int | None = None  # tokenizer fixtures: the model vocab a loader is given
+    # .mlb files, set by generate(): the oldest Krafla version that reads the file as `expected`
+    # says (None: every version), and the status every older version must give instead
+    min_version: str | None = None
+    expected_older: str | None = None
 
 
 # ---------------------------------------------------------------- valid bases
@@ -210,11 +214,27 @@ def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fi
             target.mkdir(exist_ok=True)
             continue
         mlb.atomic_write(target, [mutate(base_bytes(f.base), f.mutate)])
+    for f in fixtures:
+        if f.file.endswith(".mlb"):
+            _set_versions(f, versions.read_head(out / f.file))
     manifest = {"format": "mlconf fixtures v1", "spec": "MLB v1",
                 "statuses": specs.load("mlb_errors")["statuses"],
                 "fixtures": [asdict(f) for f in fixtures]}
     mlb.atomic_write(out / "manifest.json", [json.dumps(manifest, indent=1).encode()])
     return fixtures
+
+
+def _set_versions(f: Fixture, head: bytes) -> None:
+    """min_version and expected_older of a written .mlb (conformance/versions.py). One status
+    for every version older than min_version is what the spec's rule order gives; checked here."""
+    need = versions.file_version(head)
+    if need is None:
+        return
+    older = {versions.expected(f.expected, f.rule, head, versions.older(v))[0]
+             for v in versions.boundaries() if v <= need}
+    if len(older) != 1:
+        raise ValueError(f"{f.file}: the versions before {need} give different statuses {sorted(older)}")
+    f.min_version, f.expected_older = specs.format_version(need), older.pop()
 
 
 # ---------------------------------------------------------------- the cache of `mlconf run`

@@ -232,7 +232,7 @@ def _header(m: _Model) -> str:
     badges = "".join(f'<span class="badge o-{_e(o)}">{_e(o)} <b>{counts[o]}</b></span>'
                      for o in _ordered_outcomes(counts))
     opts = []
-    for key in ("k", "strict", "jobs", "fail_fast", "timeout"):
+    for key in ("k", "strict", "jobs", "fail_fast", "timeout", "target_version"):
         if key in m.run and m.run[key] not in (None, False):
             opts.append(f"{_e(key)}={_e(m.run[key])}")
     rows = []

@@ -139,9 +139,10 @@ def _version() -> str:
 
 
 def build(results, backends, areas: list[str], k: str | None, gate: bool | frozenset[str], jobs: int,
-          shards: list[str] | None = None) -> dict:
+          shards: list[str] | None = None, target_version: str | None = None) -> dict:
     """The results.json document of a run (runner.Results with their outputs); ``gate`` as
-    records.failing takes it; ``shards``: the --shard of the run (merged runs list several)."""
+    records.failing takes it; ``shards``: the --shard of the run (merged runs list several);
+    ``target_version``: the Krafla version gated (--target-version), None for the newest."""
     from mlconf.backends import CAPABILITIES
     records = rec.records(results)
     names = [b.name for b in backends]
@@ -151,9 +152,11 @@ def build(results, backends, areas: list[str], k: str | None, gate: bool | froze
         "mlconf_version": _version(),
         "run": {"backends": [{"name": b.name, "description": str(getattr(b, "description", "") or ""),
                               "capabilities": sorted(b.capabilities), "gated": gated,
-                              "gated_missing": sorted(set(gated) - set(b.capabilities))} for b in backends],
+                              "gated_missing": sorted(set(gated) - set(b.capabilities)),
+                              "version_switch": getattr(b, "target_version", None) is not None}
+                             for b in backends],
                 "areas": list(areas), "k": k, "strict": gate is True, "required": gated, "jobs": int(jobs),
-                "shards": list(shards or [])},
+                "shards": list(shards or []), "target_version": target_version},
         "records": records,
         "matrix": matrix(results, names),
         "summary": summary(records),
@@ -187,7 +190,7 @@ def merge(docs: list[dict], names: list[str]) -> dict:
     for doc, name in zip(docs[1:], names[1:], strict=True):
         for key, what in ((("mlconf_version",), "mlconf version"), (("run", "k"), "-k"),
                           (("run", "strict"), "--strict"), (("run", "required"), "--require"),
-                          (("run", "areas"), "--area")):
+                          (("run", "areas"), "--area"), (("run", "target_version"), "--target-version")):
             va, vb = first, doc
             for part in key:
                 va, vb = va.get(part), vb.get(part)
@@ -283,6 +286,8 @@ def summary_md(doc: dict, wall: float | None = None) -> str:
     out = ["# mlconf results\n",
            f"mlconf {doc['mlconf_version']}; backends {', '.join(b['name'] for b in run['backends'])}; "
            f"areas {', '.join(run['areas'])}" + (f"; -k {run['k']!r}" if run["k"] else "")
+           + (f"; --target-version {run['target_version']} (a Krafla {run['target_version']} runtime)"
+              if run.get("target_version") else "")
            + ("; --strict (unsupported counts as a failure)" if strict else
               f"; --require {','.join(required)} (unsupported counts as a failure there)" if required
               else "") + "\n"]

@@ -325,9 +325,10 @@ class Model:
         return quant.dequantize(*self.matrix(name))
 
 
-def read(path: str | os.PathLike) -> Model:
-    """Validate with the reference loader, then map every array without copying."""
-    res = loader.load(path)
+def read(path: str | os.PathLike, version: tuple[int, int, int] | None = None) -> Model:
+    """Validate with the reference loader (as Krafla ``version`` reads it; None: the newest), then
+    map every array without copying."""
+    res = loader.load(path, version)
     if not res.ok:
         raise MLBError(f"{res.reason} ({res.status})")
     p = os.fspath(path)

@@ -81,6 +81,7 @@ class LibraryBackend:
         self.lib_path = str(lib_path)
         self.threads = threads
         self._lock = threading.Lock()
+        self.target_version = None     # set_target_version's; None: the library's newest
         self._worker = (worker_class or Worker)(self.lib_path, isa, timeout or default_timeout())
         info = self._worker.start()          # BackendError if it cannot be loaded
         self.symbols = frozenset(info["symbols"])
@@ -121,6 +122,19 @@ class LibraryBackend:
     def _call(self, desc: str, op: str, *args):
         with self._lock:
             return self._worker.call(desc, op, *args)
+
+    def set_target_version(self, version: tuple[int, int, int] | None) -> bool:
+        """Have the library read .mlb files as Krafla ``version`` (None: the newest) with
+        ml_set_target_version, now and in every later worker; False if it does not export it."""
+        if "ml_set_target_version" not in self.symbols:
+            return False
+        v = tuple(version) if version is not None else (0xFFFF,) * 3
+        self._worker.setup = [("target_version", v)]
+        st = self._call(f"ml_set_target_version{v}", "target_version", *v)
+        if st != abi.ML_OK:
+            raise BackendError(f"{self.name}: ml_set_target_version{v} returned {abi.status_name(st)}")
+        self.target_version = version
+        return True
 
     def close(self) -> None:
         """Stop the worker (a later call starts a new one)."""

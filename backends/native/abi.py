@@ -19,6 +19,7 @@ CDEF = """
 const char *ml_version(void);
 const char *ml_isa(void);
 int ml_set_isa(const char *isa);
+int ml_set_target_version(uint32_t major, uint32_t minor, uint32_t patch);
 
 typedef struct ml_model ml_model;
 int ml_check(const char *path, char *reason, size_t reason_len);
@@ -67,7 +68,7 @@ int ml_embed(ml_embedder *e, const int32_t *tokens, int32_t n, int32_t pooling, 
 """
 
 FUNCTIONS = (
-    "ml_version", "ml_isa", "ml_set_isa",
+    "ml_version", "ml_isa", "ml_set_isa", "ml_set_target_version",
     "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx", "ml_forward", "ml_forward_last",
     "ml_imatrix_start", "ml_imatrix_get",
     "ml_quantize_q8_0", "ml_quantize_q4_0",

@@ -45,7 +45,7 @@ HEAD = struct.Struct("<II")   # request: op, payload length; reply: status, payl
 WK_OK, WK_ERROR = 0, 1
 OPS = {"info": 1, "check": 2, "quantize_q8_0": 3, "load": 4, "forward": 5, "reset": 6, "free": 7,
        "imatrix_start": 8, "imatrix_get": 9, "tok_load": 10, "tok_encode": 11, "tok_decode": 12,
-       "tok_free": 13, "quantize_q4_0": 14}
+       "tok_free": 13, "quantize_q4_0": 14, "target_version": 15}
 U32 = 2**32 - 1
 
 
@@ -150,6 +150,8 @@ def _encode(op: str, args: tuple) -> bytes:
         return _s(isa or "")
     if op == "check":
         return _s(args[0])
+    if op == "target_version":
+        return struct.pack("<III", *args)
     if op == "quantize_q8_0":
         x, f16 = args
         return struct.pack("<I", int(bool(f16))) + np.ascontiguousarray(x, dtype="<f4").tobytes()
@@ -214,7 +216,7 @@ def _decode(op: str, args: tuple, r: _Buf, vocab: dict[int, int]):
         return st, logits.reshape(len(tokens), vocab.get(int(h), 0))
     if op in ("reset", "free", "tok_free"):
         return None
-    if op == "imatrix_start":
+    if op in ("imatrix_start", "target_version"):
         return r.i32()
     if op == "imatrix_get":
         st, tokens, tokens_cls = r.i32(), r.u64(), r.u64()
@@ -283,6 +285,7 @@ class QemuWorker(Worker):
             self.start()
             if not self.alive():
                 raise BackendError(f"worker cannot start during {desc}: {self.info.get('isa_error')}")
+            self.replay(desc)
         return self._request(desc, op, args, self.timeout)
 
     def _request(self, desc: str, op: str, args: tuple, timeout: float):

@@ -139,6 +139,9 @@ class _Server:
         self.objects[h] = obj
         return h
 
+    def target_version(self, major: int, minor: int, patch: int) -> int:
+        return self.lib.ml_set_target_version(major, minor, patch)
+
     # -- models
     def check(self, path: str) -> tuple[int, str]:
         reason = self._reason()
@@ -408,6 +411,7 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self.epoch = 0            # workers started so far; a handle is valid for one epoch
         self.info: dict = {}
+        self.setup: list[tuple[str, tuple]] = []   # calls made again on every fresh worker
         self._err = None
         self._finalizer = None
 
@@ -445,6 +449,7 @@ class Worker:
         """Run ``op(*args)`` in the worker; ``desc`` names the call in crash and timeout messages."""
         if not self.alive():
             self.start()
+            self.replay(desc)
         os.ftruncate(self._err.fileno(), 0)
         try:
             _write_msg(self.proc.stdin.fileno(), (op, args))
@@ -454,6 +459,12 @@ class Worker:
         if reply[0] == "ok":
             return reply[1]
         raise BackendError(f"worker error during {desc}: {reply[1]}: {reply[2]}")
+
+    def replay(self, desc: str) -> None:
+        """Make the ``setup`` calls on a worker just started (the state a call relies on, such
+        as the target version, lives in the worker process)."""
+        for op, args in self.setup:
+            self.call(f"{desc} (setup: {op}{args})", op, *args)
 
     # -- internals
     def _receive(self, desc: str, timeout: float):

@@ -37,6 +37,7 @@
  *   14 QUANTIZE_Q4_0   u32 rows, u32 cols, u32 rule, u32 f16,   i32 status, u8 qs[rows*cols/2], then
  *                      u32 has_importance, f32 importance[cols  rows*cols/32 scales: f32, or f16 bits
  *                      if has_importance], f32 x[rows*cols]    (u16) if f16
+ *   15 TARGET_VERSION  u32 major, u32 minor, u32 patch          i32 ml_set_target_version status
  * Handles name models and tokenizers living in this process; they start at 1 and are not reused.
  *
  * Test hook: with MLRT_WORKER_TEST_HOOKS=1 in the environment, CHECK of a path whose file name
@@ -65,11 +66,12 @@
 
 enum {
     OP_INFO = 1, OP_CHECK, OP_QUANTIZE_Q8_0, OP_LOAD, OP_FORWARD, OP_RESET, OP_FREE, OP_IMATRIX_START,
-    OP_IMATRIX_GET, OP_TOK_LOAD, OP_TOK_ENCODE, OP_TOK_DECODE, OP_TOK_FREE, OP_QUANTIZE_Q4_0
+    OP_IMATRIX_GET, OP_TOK_LOAD, OP_TOK_ENCODE, OP_TOK_DECODE, OP_TOK_FREE, OP_QUANTIZE_Q4_0,
+    OP_TARGET_VERSION
 };
 
 static const char *const FUNCTIONS[] = {
-    "ml_version", "ml_isa", "ml_set_isa", "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx",
+    "ml_version", "ml_isa", "ml_set_isa", "ml_set_target_version", "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx",
     "ml_forward", "ml_imatrix_start", "ml_imatrix_get", "ml_quantize_q8_0", "ml_quantize_q4_0", "ml_tok_load",
     "ml_tok_free", "ml_tok_encode", "ml_tok_decode",
 };
@@ -503,11 +505,20 @@ static uint32_t op_tok_free(reader *r) {
     return WK_OK;
 }
 
+static uint32_t op_target_version(reader *r, writer *w) {
+    uint32_t major = get_u32(r, "TARGET_VERSION: u32 major"), minor = get_u32(r, "TARGET_VERSION: u32 minor");
+    uint32_t patch = get_u32(r, "TARGET_VERSION: u32 patch");
+    if (r->bad) return fail("%s", r->bad);
+    put_i32(w, ml_set_target_version(major, minor, patch));
+    return WK_OK;
+}
+
 static uint32_t serve(uint32_t op, reader *r, writer *w) {
     uint32_t st;
     switch (op) {
     case OP_INFO: st = op_info(r, w); break;
     case OP_CHECK: st = op_check(r, w); break;
+    case OP_TARGET_VERSION: st = op_target_version(r, w); break;
     case OP_QUANTIZE_Q8_0: st = op_quantize_q8_0(r, w); break;
     case OP_QUANTIZE_Q4_0: st = op_quantize_q4_0(r, w); break;
     case OP_LOAD: st = op_load(r, w); break;

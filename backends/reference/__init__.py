@@ -17,9 +17,15 @@ class ReferenceBackend:
 
     def __init__(self, float_mode: bool = False):
         self.float_mode = float_mode  # float semantics: no activation quantization
+        self.target_version = None    # the Krafla version whose files it reads; None: the newest
+
+    def set_target_version(self, version: tuple[int, int, int] | None) -> bool:
+        """Read .mlb files as Krafla ``version`` does (specs/mlb_header.yaml `versions`)."""
+        self.target_version = version
+        return True
 
     def load(self, path: str) -> LoadResult:
-        return loader.load(path)
+        return loader.load(path, self.target_version)
 
     def open_model(self, path: str, ctx: int | None = None):
         """Load (validating) and return a Forward session; a rejected file raises InputError."""
@@ -27,7 +33,7 @@ class ReferenceBackend:
 
         from .forward import Forward, ForwardError
         try:
-            model = mlb.read(path)
+            model = mlb.read(path, self.target_version)
         except mlb.MLBError as e:
             raise ForwardError(str(e)) from None
         return Forward(model, ctx=ctx, float_mode=self.float_mode)

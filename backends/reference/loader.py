@@ -27,8 +27,10 @@ class Context:
     use, so each check sees only what the rules before it (in the spec's order) made safe to read:
     the header once the file holds 256 bytes, the flags once layer_flags is known to be 1."""
 
-    def __init__(self, path: str = "", size: int = 0, head: bytes = b""):
+    def __init__(self, path: str = "", size: int = 0, head: bytes = b"",
+                 version: specs.Version | None = None):
         self.path, self.size, self.head = path, size, head
+        self.version = version   # the Krafla version to read the file as; None: the newest
 
     @classmethod
     def of_header(cls, h: dict, flags: bytes | None) -> Context:
@@ -111,8 +113,20 @@ def _version(c: Context):
     return None if c.h["version"] == 1 else f"{_field('version', c.h)}, only version 1 is defined"
 
 
+def _later(since: specs.Version, c: Context) -> bool:
+    """Whether a feature of Krafla ``since`` is beyond the version the file is read as."""
+    return c.version is not None and since > c.version
+
+
+def _target(since: specs.Version, c: Context) -> str:
+    return f"it needs Krafla {specs.format_version(since)}, the target is {specs.format_version(c.version)}"
+
+
 @rule("format.padding")
 def _padding(c: Context):
+    for name, (off, since) in specs.feature_versions()["fields"].items():
+        if _later(since, c) and any(c.head[off: off + 4]):   # padding for an older version
+            return f"{_field(name, c.h)} must be zero (header padding): {_target(since, c)}"
     pad = c.h["padding"]
     nz = [i for i, b in enumerate(pad) if b]
     return None if not nz else f"header byte {160 + nz[0]} is {pad[nz[0]]:#04x}; bytes 160..255 must be zero"
@@ -332,7 +346,14 @@ def _each_flag(test: Callable[[int], bool], text: str) -> Check:
     return check
 
 
-RULES["format.layer.unknown_bits"] = _each_flag(lambda b: b & 0xF0, "bits 4..7 must be 0")
+@rule("format.layer.unknown_bits")
+def _flag_bits(c: Context):
+    later = {v: s for v, s in specs.feature_versions()["layer_flag_bits"].items() if _later(s, c)}
+    text = "bits 4..7 must be 0" + "".join(f"; bit {v.bit_length() - 1} is unknown: {_target(s, c)}"
+                                           for v, s in later.items())
+    return _each_flag(lambda b: b & (0xF0 | sum(later)), text)(c)
+
+
 RULES["format.layer.local_and_norope"] = _each_flag(
     lambda b: b & 6 == 6, "bit 1 (local RoPE base) and bit 2 (no RoPE) cannot be combined")
 RULES["format.layer.linear_not_alone"] = _each_flag(
@@ -403,8 +424,9 @@ def rule_table() -> list[dict]:
     return specs.load("mlb_errors")["rules"]
 
 
-def load(path: str | os.PathLike) -> LoadResult:
-    """Validate a .mlb file; the first failing rule of specs/mlb_errors.yaml decides the status."""
+def load(path: str | os.PathLike, version: specs.Version | None = None) -> LoadResult:
+    """Validate a .mlb file; the first failing rule of specs/mlb_errors.yaml decides the status.
+    ``version``: read it as that Krafla version does (specs/mlb_header.yaml `versions`)."""
     path = os.fspath(path)
     name = path
     try:
@@ -413,7 +435,7 @@ def load(path: str | os.PathLike) -> LoadResult:
             head = f.read(256)
     except OSError as e:
         return LoadResult("ML_E_IO", f"{name}: cannot open: {e.strerror or e}", "io.open")
-    c = Context(path=path, size=size, head=head)
+    c = Context(path=path, size=size, head=head, version=version)
     for r in rule_table():
         reason = RULES[r["id"]](c)
         if reason is not None:

@@ -33,6 +33,12 @@ extern "C" {
 const char *ml_version(void);            /* e.g. "mlrt 0.1.0" */
 const char *ml_isa(void);                /* ISA in use: "scalar", "avx2", "neon", "neon-dotprod" */
 int ml_set_isa(const char *isa);         /* force one (before loading models); ML_E_UNSUPPORTED if absent */
+/* Read .mlb files as Krafla major.minor.patch does (`mlconf run --target-version`): a header field
+ * or layer-flag bit introduced later (specs/mlb_header.yaml `since`: flag bit 2 in 0.8.0, bit 3 and
+ * offsets 132..159 in 0.9.0) is refused as padding or an unknown bit, ML_E_FORMAT. Default: the
+ * newest. Process-wide: call before loading models. ML_E_ARG for a part above 65535. Optional:
+ * mlconf takes a library without it to be of the version it targets. */
+int ml_set_target_version(uint32_t major, uint32_t minor, uint32_t patch);
 
 /* ---------------------------------------------------------------- models (.mlb) */
 typedef struct ml_model ml_model;

@@ -306,6 +306,20 @@ static void unmap_file(mlb_file *f) {
 #define FIELD_U(name, off) "header field " #name " (offset " #off ") = %" PRIu32
 #define FIELD_F(name, off) "header field " #name " (offset " #off ") = %.9g"
 
+/* The Krafla version files are read as (ml_set_target_version); the numbers are
+ * specs/mlb_header.yaml's `since` (tests/test_versions.py compares this loader with the spec's
+ * expectations at every version). */
+#define KRAFLA(a, b, c) (((uint64_t)(a) << 32) | ((uint64_t)(b) << 16) | (uint64_t)(c))
+static uint64_t target_version = UINT64_MAX;   /* the newest */
+static char target_text[24] = "";
+
+ML_API int ml_set_target_version(uint32_t major, uint32_t minor, uint32_t patch) {
+    if (major > 0xFFFF || minor > 0xFFFF || patch > 0xFFFF) return ML_E_ARG;
+    target_version = KRAFLA(major, minor, patch);
+    snprintf(target_text, sizeof target_text, "%u.%u.%u", (unsigned)major, (unsigned)minor, (unsigned)patch);
+    return ML_OK;
+}
+
 static bool finite_positive(float v) { return isfinite(v) && v > 0; }
 static bool finite_nonneg(float v) { return isfinite(v) && v >= 0; }   /* -0.0 >= 0 */
 
@@ -319,6 +333,10 @@ static int check_header_format(const mlb_file *f) {
     uint32_t version = ml_rd_u32(b + 4);
     if (version != 1)
         return ml_fail(r, F, "format.version", FIELD_U(version, 4) ", only version 1 is defined", version);
+    if (target_version < KRAFLA(0, 9, 0))   /* offsets 132..159 came with 0.9.0: padding before */
+        for (int i = 132; i < 160; i++)
+            if (b[i]) return ml_fail(r, F, "format.padding", "header byte %d is 0x%02x: offsets 132..159 need Krafla "
+                                     "0.9.0, the target is %s, so they are padding and must be zero", i, b[i], target_text);
     for (int i = 160; i < HEADER_SIZE; i++)
         if (b[i]) return ml_fail(r, F, "format.padding", "header byte %d is 0x%02x; bytes 160..255 must be zero", i, b[i]);
     if (h->wtype != ML_FMT_Q8_0 && h->wtype != ML_FMT_Q4_0)
@@ -462,11 +480,14 @@ static int check_flags(mlb_file *f) {
     f->flags = f->map + HEADER_SIZE;
     const uint8_t *fl = f->flags;
     uint32_t n = h->n_layers;
+    /* bit 2 came with Krafla 0.8.0, bit 3 with 0.9.0: unknown bits before */
+    uint8_t unknown = 0xF0 | (target_version < KRAFLA(0, 9, 0) ? 8 : 0) | (target_version < KRAFLA(0, 8, 0) ? 4 : 0);
     for (uint32_t i = 0; i < n; i++)
-        if (fl[i] & 0xF0)
+        if (fl[i] & unknown)
             return ml_fail(r, ML_E_FORMAT, "format.layer.unknown_bits",
-                        "layer flag byte of layer %" PRIu32 " (offset %" PRIu32 ") = 0x%02x: bits 4..7 must be 0",
-                        i, HEADER_SIZE + i, fl[i]);
+                        "layer flag byte of layer %" PRIu32 " (offset %" PRIu32 ") = 0x%02x: bits 4..7 must be 0%s%s",
+                        i, HEADER_SIZE + i, fl[i], unknown & 0x0F ? " and bits 2..3 need Krafla 0.8.0 and 0.9.0; the target is " : "",
+                        unknown & 0x0F ? target_text : "");
     for (uint32_t i = 0; i < n; i++)
         if ((fl[i] & 6) == 6)
             return ml_fail(r, ML_E_FORMAT, "format.layer.local_and_norope",
