@@ -31,6 +31,8 @@ def pytest_addoption(parser):
                 help="mlconf backend to test (repeatable; default: reference)")
     g.addoption("--mlconf-strict-unsupported", action="store_true", dest="mlconf_strict_unsupported",
                 help="report cases a backend does not support as failures")
+    g.addoption("--mlconf-target-version", default=None, metavar="X.Y.Z", dest="mlconf_target_version",
+                help="gate a runtime of this Krafla version (as mlconf run --target-version)")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -52,6 +54,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "mlconf: a conformance case of the mlconf suite")
+    _target(config)   # a malformed --mlconf-target-version is a usage error before collection
     for old, dest in (("--backend", "mlconf_backend_old"),
                       ("--strict-unsupported", "mlconf_strict_unsupported_old")):
         if getattr(config.option, dest, None):
@@ -83,27 +86,43 @@ def _strict(config) -> bool:
                 or getattr(config.option, "mlconf_strict_unsupported_old", False))
 
 
+def _target(config):
+    text = config.getoption("mlconf_target_version")
+    if text is None:
+        return None
+    from mlconf import specs
+    try:
+        return specs.parse_version(text)
+    except ValueError as e:
+        raise pytest.UsageError(f"--mlconf-target-version: {e}") from None
+
+
 def pytest_generate_tests(metafunc):
     if "mlconf_case" not in metafunc.fixturenames:
         return
     from mlconf import cases as cases_mod
     area = getattr(metafunc.module, "AREA", None)
-    selected = cases_mod.collect([area] if area else None)
+    selected = cases_mod.collect([area] if area else None, target_version=_target(metafunc.config))
     if not selected:
         raise pytest.UsageError(f"{metafunc.module.__name__}: no mlconf case in area {area!r}")
     metafunc.parametrize("mlconf_backend_name", _backends(metafunc.config), scope="session")
     metafunc.parametrize("mlconf_case", selected, ids=[c.id for c in selected])
 
 
-_BACKENDS: dict = {}
+_BACKENDS: dict = {}   # (name, target version) -> backend, once per process
 
 
 @pytest.fixture(scope="session")
-def mlconf_backend(mlconf_backend_name):
-    if mlconf_backend_name not in _BACKENDS:
+def mlconf_backend(mlconf_backend_name, pytestconfig):
+    target = _target(pytestconfig)
+    key = (mlconf_backend_name, target)
+    if key not in _BACKENDS:
         from mlconf.backends import get
-        _BACKENDS[mlconf_backend_name] = get(mlconf_backend_name)
-    return _BACKENDS[mlconf_backend_name]
+        b = get(mlconf_backend_name)
+        if target is not None and hasattr(b, "set_target_version"):
+            b.set_target_version(target)
+        _BACKENDS[key] = b
+    return _BACKENDS[key]
 
 
 @pytest.fixture(scope="session")

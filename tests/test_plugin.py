@@ -64,6 +64,18 @@ def test_backend_option_repeats(suite):
     assert o.get("passed") == 3 and o.get("unsupported") == 3
 
 
+def test_target_version(suite):
+    """--mlconf-target-version: the reference switches and gives a Krafla 0.8.0 runtime's statuses
+    (the 0.9.0 features' cases expect ML_E_FORMAT); a runtime that cannot switch fails them."""
+    args = ("-k", "rot_dim or linear", "--mlconf-target-version", "0.8.0")
+    r = suite.runpytest("--mlconf-backend", "reference", *args)
+    assert r.ret == 0 and r.parseoutcomes().get("passed", 0) >= 10, r.stdout.str()
+    r = suite.runpytest("--mlconf-backend", "fake-ok", *args)
+    assert r.parseoutcomes().get("failed", 0) >= 10 and "expected ML_E_FORMAT, got ML_OK" in r.stdout.str()
+    bad = suite.runpytest("--mlconf-backend", "reference", "--mlconf-target-version", "nine")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+
+
 def test_unknown_backend_is_one_usage_error(suite):
     r = suite.runpytest("--mlconf-backend", "nope", "-k", "format.wtype")
     assert r.ret == pytest.ExitCode.USAGE_ERROR
