@@ -10,27 +10,18 @@ plus bytes written per second, of an np.copyto between two buffers of `bw_bytes`
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from tabulate import tabulate
 
 from mlconf.backends.reference import quant
+from mlconf.bench_output import Timing, document, section, timed
+from mlconf.bench_output import table as format_table
 
 BW_BYTES = 256 << 20
-
-
-def _best(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(max(1, repeat)):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def copy_bandwidth(nbytes: int = BW_BYTES, repeat: int = 3) -> float:
@@ -38,7 +29,7 @@ def copy_bandwidth(nbytes: int = BW_BYTES, repeat: int = 3) -> float:
     src = np.ones(max(1, nbytes // 4), dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # fault the pages in before timing
-    return 2 * src.nbytes / _best(lambda: np.copyto(dst, src), repeat) / 1e9
+    return 2 * src.nbytes / timed(lambda: np.copyto(dst, src), repeat).best / 1e9
 
 
 def quant_bench(rows: int = 4096, cols: int = 4096, repeat: int = 1, *,
@@ -60,10 +51,10 @@ def quant_bench(rows: int = 4096, cols: int = 4096, repeat: int = 1, *,
     bw = copy_bandwidth(bw_bytes)
     out = []
     for name, fn in ops.items():
-        s = _best(fn, repeat)
-        mbs = x.nbytes / s / 1e6
-        out.append({"op": name, "rows": rows, "cols": cols, "seconds": s, "MB/s": mbs,
-                    "bw_GB/s": bw, "of_bw": mbs / (bw * 1e3)})
+        t = timed(fn, repeat)
+        mbs = x.nbytes / t.best / 1e6
+        out.append({"op": name, "rows": rows, "cols": cols, "seconds": t.best, "MB/s": mbs,
+                    "bw_GB/s": bw, "of_bw": mbs / (bw * 1e3), "spread": {"MB/s": t.spread(x.nbytes / 1e6)}})
     return out
 
 
@@ -115,11 +106,12 @@ def forward_bench(model_path: str, n_tokens: int = 32, repeat: int = 3) -> list[
             fw.reset()
             for i in range(n):
                 fw.forward(toks[i:i + 1], i)
-        tp, td = _best(prefill, repeat), _best(decode, repeat)
+        tp, td = timed(prefill, repeat), timed(decode, repeat)
         out.append({"model": Path(model_path).name, "mode": "float" if float_mode else "runtime",
-                    "tokens": n, "prefill_tok_s": n / tp, "decode_tok_s": n / td,
-                    "decode_weight_GB_s": weight_bytes * n / td / 1e9,
-                    "of_bw": weight_bytes * n / td / 1e9 / bw})
+                    "tokens": n, "prefill_tok_s": n / tp.best, "decode_tok_s": n / td.best,
+                    "decode_weight_GB_s": weight_bytes * n / td.best / 1e9,
+                    "of_bw": weight_bytes * n / td.best / 1e9 / bw,
+                    "spread": {"prefill_tok_s": tp.spread(n), "decode_tok_s": td.spread(n)}})
     return out
 
 
@@ -156,9 +148,8 @@ def tokenizer_bench(mlt_path: str, json_path: str | None = None, n_bytes: int = 
     def cold() -> None:
         nonlocal ids
         ids = Encoder(tok).encode(text)
-    te = _best(cold, repeat)
-    rows = [{"tokenizer": Path(mlt_path).name, "impl": "reference", "n_vocab": tok.n_vocab,
-             "load_s": load, "bytes": nb, "ids": len(ids), "MB_s": nb / te / 1e6, "ids_s": len(ids) / te}]
+    te = timed(cold, repeat)
+    rows = [_encode_row(Path(mlt_path).name, "reference", tok.n_vocab, load, nb, len(ids), te)]
     del enc
     if json_path:
         try:
@@ -169,17 +160,23 @@ def tokenizer_bench(mlt_path: str, json_path: str | None = None, n_bytes: int = 
             return rows
         os.environ.setdefault("RAYON_NUM_THREADS", "1")
         hf = Tokenizer.from_file(json_path)
-        th = _best(lambda: hf.encode(text), repeat)
+        th = timed(lambda: hf.encode(text), repeat)
         hf_ids = hf.encode(text).ids
-        rows.append({"tokenizer": Path(json_path).name, "impl": "HF tokenizers",
-                     "n_vocab": hf.get_vocab_size(), "load_s": float("nan"), "bytes": nb,
-                     "ids": len(hf_ids), "MB_s": nb / th / 1e6, "ids_s": len(hf_ids) / th})
+        rows.append(_encode_row(Path(json_path).name, "HF tokenizers", hf.get_vocab_size(), float("nan"), nb,
+                                len(hf_ids), th))
         rows[0]["same_ids_as_HF"] = ids == hf_ids
     native = native_tokenizer_row(mlt_path, text, repeat)
     if native is not None:
         native["same_ids_as_reference"] = native.pop("_ids") == ids
         rows.insert(1, native)
     return rows
+
+
+def _encode_row(name: str, impl: str, n_vocab: int | None, load: float, nbytes: int, n_ids: int,
+                t: Timing) -> dict:
+    return {"tokenizer": name, "impl": impl, "n_vocab": n_vocab, "load_s": load, "bytes": nbytes,
+            "ids": n_ids, "MB_s": nbytes / t.best / 1e6, "ids_s": n_ids / t.best,
+            "spread": {"MB_s": t.spread(nbytes / 1e6)}}
 
 
 def native_tokenizer_row(mlt_path: str, text: str, repeat: int = 3) -> dict | None:
@@ -208,12 +205,11 @@ def native_tokenizer_row(mlt_path: str, text: str, repeat: int = 3) -> dict | No
         n = ffi.new("size_t *")
         if lib.ml_tok_encode(tok, data, len(data), ids, cap, n) != abi.ML_OK:
             return None      # ML_E_UNSUPPORTED: no encoder yet
-        te = _best(lambda: lib.ml_tok_encode(tok, data, len(data), ids, cap, n), repeat)
+        te = timed(lambda: lib.ml_tok_encode(tok, data, len(data), ids, cap, n), repeat)
         got = list(ffi.unpack(ids, n[0]))
     finally:
         lib.ml_tok_free(tok)
-    return {"tokenizer": Path(mlt_path).name, "impl": "native", "load_s": load, "bytes": len(data),
-            "ids": len(got), "MB_s": len(data) / te / 1e6, "ids_s": len(got) / te, "_ids": got}
+    return {**_encode_row(Path(mlt_path).name, "native", None, load, len(data), len(got), te), "_ids": got}
 
 
 def real_tokenizer_bench(workdir: str | Path, n_bytes: int = 1_000_000) -> list[dict]:
@@ -294,16 +290,17 @@ def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16,
         toks = (np.arange(prompt + decode) % lib.ml_vocab(m)).astype(np.int32)
         out = np.zeros(lib.ml_vocab(m), np.float32)
         buf = ffi.from_buffer("float[]", out)
-        tp = _best(lambda: lib.ml_forward_last(m, ffi.from_buffer("int32_t[]", toks), prompt, 0, buf), repeat)
+        tp = timed(lambda: lib.ml_forward_last(m, ffi.from_buffer("int32_t[]", toks), prompt, 0, buf), repeat)
 
         def dec() -> None:
             lib.ml_forward_last(m, ffi.from_buffer("int32_t[]", toks), prompt, 0, buf)
             for i in range(decode):
                 lib.ml_forward(m, ffi.from_buffer("int32_t[]", toks[prompt + i:]), 1, prompt + i, buf)
-        td = _best(dec, repeat) - tp
+        td = timed(dec, repeat).minus(tp)
     finally:
         lib.ml_free(m)
-    return {f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td}
+    return {f"prefill{prompt}_tok_s": prompt / tp.best, "decode_tok_s": decode / td.best,
+            "spread": {f"prefill{prompt}_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
 
 
 def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"), prompt: int = 64,
@@ -322,18 +319,16 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
             toks = np.arange(prompt) % 49152
             for name in backends:
                 s = get(name).open_model(str(path), ctx=prompt + decode)
-                try:
-                    t = time.perf_counter()
-                    s.forward(toks, 0)
-                    tp = time.perf_counter() - t
-                    t = time.perf_counter()
-                    for i in range(decode):
-                        s.forward(toks[i: i + 1], prompt + i)
-                    td = time.perf_counter() - t
+                try:      # one run each: the reference takes seconds per pass
+                    tp = timed(lambda s=s, t=toks: s.forward(t, 0), 1)
+                    td = timed(lambda s=s, t=toks: [s.forward(t[i: i + 1], prompt + i)
+                                                    for i in range(decode)], 1)
                 finally:
                     s.close()
                 out.append({"model": f"SmolLM2-135M shape {wtype}", "backend": name,
-                            f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td})
+                            f"prefill{prompt}_tok_s": prompt / tp.best, "decode_tok_s": decode / td.best,
+                            "spread": {f"prefill{prompt}_tok_s": tp.spread(prompt),
+                                       "decode_tok_s": td.spread(decode)}})
             if "native" in backends:  # the runtime itself, timed as llama.cpp is
                 r = native_inprocess_bench(path, prompt, decode)
                 out.append({"model": f"SmolLM2-135M shape {wtype}",
@@ -344,7 +339,7 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
                 r = llama_cpp_bench(str(gg), prompt, decode)
                 out.append({"model": f"SmolLM2-135M shape {wtype}", "backend": "llama.cpp",
                             f"prefill{prompt}_tok_s": r[f"prefill{prompt}_tok_s"],
-                            "decode_tok_s": r["decode_tok_s"]})
+                            "decode_tok_s": r["decode_tok_s"], "spread": r["spread"]})
                 gg.unlink()
     return out
 
@@ -419,7 +414,7 @@ def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, t
     last position only (logits_all=False, llama.cpp's default). ``warmup``: one single-token
     eval first (faults the mmapped weights in, starts the threads), outside the timings."""
     llm = _llama(gguf_path, prompt + decode, prompt, threads, False)
-    tp = td = float("inf")
+    runs_p, runs_d = [], []
     try:
         toks = [int(t) for t in np.arange(prompt) % llm.n_vocab()]
         if warmup:
@@ -428,15 +423,17 @@ def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, t
             llm.reset()  # the next eval starts at position 0 and drops the cached positions
             t = time.perf_counter()
             llm.eval(toks)
-            tp = min(tp, time.perf_counter() - t)
+            runs_p.append(time.perf_counter() - t)
             t = time.perf_counter()
             for i in range(decode):
                 llm.eval(toks[i: i + 1])
-            td = min(td, time.perf_counter() - t)
+            runs_d.append(time.perf_counter() - t)
     finally:
         llm.close()
+    tp, td = Timing(tuple(runs_p)), Timing(tuple(runs_d))
     return {"backend": "llama.cpp", "version": llama_cpp_version(), "isa": llama_cpp_isa(),
-            "threads": threads, f"prefill{prompt}_tok_s": prompt / tp, "decode_tok_s": decode / td}
+            "threads": threads, f"prefill{prompt}_tok_s": prompt / tp.best, "decode_tok_s": decode / td.best,
+            "spread": {f"prefill{prompt}_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
 
 
 def llama_cpp_logits(gguf_path: str | Path, tokens, threads: int = 2) -> np.ndarray:
@@ -457,12 +454,9 @@ LLAMA_CPP_FIGURES = {"q8_0": {"decode_tok_s": 69.0, "prefill64_tok_s": 322.0},
                      "kernels_cycles_per_32": {"quantize_q8_0": 24, "dot_q8_0": 4.2, "dot_q4_0": 5.6}}
 
 
-def native_report(out: str | Path | None = None) -> str:
-    """The native benchmark as Markdown (tables of the kernels, the matvecs against the read
-    bandwidth, and the SmolLM2-135M-shaped model on native and reference beside llama.cpp's
-    figures); also written to ``out`` when given."""
-    import platform
-
+def native_doc() -> dict:
+    """The native benchmark (bench_output.document): the kernels, the matvecs against the read
+    bandwidth, and the SmolLM2-135M-shaped model on native and reference beside llama.cpp."""
     bw, krows = native_kernel_bench()
     version = llama_cpp_version()
     mrows = model_bench(["native", "reference"], llama_cpp=version is not None)
@@ -492,20 +486,11 @@ def native_report(out: str | Path | None = None) -> str:
                 "measured in this run: the `bench` extra with llama-cpp-python is not installed). "
                 "llama.cpp's AVX2 kernels in cache: quantize_q8_0 24 cycles, dot_q8_0 4.2, dot_q4_0 "
                 "5.6 per 32 values.")
-    text = "\n".join([
-        "# mlconf bench: native runtime", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores. Read bandwidth (C kernel, 512 MB, "
-        f"1 thread): {bw:.1f} GB/s.", "",
-        "## Kernels and matrix-vector products", "", tabulate(krows, headers="keys", tablefmt="github",
-                                                              floatfmt=".4g"), "",
-        "`of_read_bw` above 1 means the matrix stayed in cache (L3), not that memory was beaten.", "",
-        "## SmolLM2-135M-shaped model (random weights), 2 threads", "",
-        tabulate(mrows, headers="keys", tablefmt="github", floatfmt=".4g"), "", note, ""])
-    if out is not None:
-        from mlconf.tools.mlb import atomic_write
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, [text.encode()])
-    return text
+    return document("mlconf bench: native runtime", [
+        section("Kernels and matrix-vector products", krows,
+                "`of_read_bw` above 1 means the matrix stayed in cache (L3), not that memory was beaten. "
+                "The C kernels time themselves (best of their iterations): no spread."),
+        section("SmolLM2-135M-shaped model (random weights), 2 threads", mrows, note)], read_bw_GB_s=bw)
 
 
 # ---------------------------------------------------------------- bitnet (issues 6, 13)
@@ -601,9 +586,9 @@ def _projection_params(shape: str) -> int:
     return kw["num_hidden_layers"] * (d * q + 2 * d * kv + q * d + 3 * d * kw["intermediate_size"])
 
 
-def bitnet_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -> float:
+def bitnet_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -> Timing:
     """Seconds of one embedding of ``seq`` tokens by the bitnet runtime in this process (ml_embed:
-    every token through every layer, mean pooling, normalized), best of ``repeat`` after a warm-up."""
+    every token through every layer, mean pooling, normalized), ``repeat`` runs after a warm-up."""
     ffi, lib = _bitnet_lib()
     pp = ffi.new("ml_embedder **")
     reason = ffi.new("char[]", 1024)
@@ -614,14 +599,14 @@ def bitnet_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -
         toks = ffi.new("int32_t[]", [(7919 * i + 3) % lib.ml_embed_vocab(e) for i in range(seq)])
         vec = ffi.new("float[]", lib.ml_embed_dim(e))
         lib.ml_embed(e, toks, min(seq, 16), 1, 1, vec)   # warm-up: weights faulted in, threads started
-        return _best(lambda: lib.ml_embed(e, toks, seq, 1, 1, vec), repeat)
+        return timed(lambda: lib.ml_embed(e, toks, seq, 1, 1, vec), repeat)
     finally:
         lib.ml_embed_free(e)
 
 
-def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -> float:
+def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -> Timing:
     """Seconds of llama.cpp's prefill of ``seq`` tokens (one eval, logits of the last position
-    only: what llama-bench -p measures), best of ``repeat`` after a warm-up eval."""
+    only: what llama-bench -p measures), ``repeat`` runs after a warm-up eval."""
     llm = _llama(gguf_path, seq, seq, threads, False)
     try:
         toks = [(7919 * i + 3) % llm.n_vocab() for i in range(seq)]
@@ -630,7 +615,7 @@ def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int
         def run():
             llm.reset()
             llm.eval(toks)
-        return _best(run, repeat)
+        return timed(run, repeat)
     finally:
         llm.close()
 
@@ -657,7 +642,8 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
                          "I2_S student": bitnet_prefill(files["I2_S student"], seq, th, rep)}
                     if have_llama:
                         t["llama.cpp F16 teacher"] = llama_cpp_prefill(files["F16 teacher"], seq, th, rep)
-                    for label, sec in t.items():
+                    for label, timing in t.items():
+                        sec = timing.best
                         wbytes = params * (2 if "F16" in label else 0.25)
                         row = {"model": f"{shape} {label}",
                                "backend": "llama.cpp" if "llama" in label else "bitnet",
@@ -665,53 +651,38 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
                                "GOPS": 2 * params * seq / sec / 1e9, "weight_GB_s": wbytes / sec / 1e9,
                                "of_read_bw": wbytes / sec / 1e9 / bw}
                         if label == "I2_S student":
-                            row["vs_F16_teacher"] = t["F16 teacher"] / sec
+                            row["vs_F16_teacher"] = t["F16 teacher"].best / sec
                             if have_llama:
-                                row["vs_llama.cpp_F16"] = t["llama.cpp F16 teacher"] / sec
+                                row["vs_llama.cpp_F16"] = t["llama.cpp F16 teacher"].best / sec
+                        row["spread"] = {"tokens_s": timing.spread(seq)}
                         rows.append(row)
     return rows
 
 
-def bitnet_report(out: str | Path | None = None, workdir: str | None = None, shapes=tuple(BITNET_SHAPES),
-                  seqs=PREFILL_SEQS) -> str:
-    """The bitnet benchmark as Markdown: I2_S matvec against native Q8_0/Q4_0 and the read
-    bandwidth, and seed 004's prefill benchmark (bitnet_prefill_bench); also written to ``out``."""
-    import platform
-
+def bitnet_doc(workdir: str | None = None, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SEQS) -> dict:
+    """The bitnet benchmark (bench_output.document): I2_S matvec against native Q8_0/Q4_0 and the
+    read bandwidth, and seed 004's prefill benchmark (bitnet_prefill_bench)."""
     bw, mrows = bitnet_matvec_bench()
     prows = bitnet_prefill_bench(bw, shapes, seqs, workdir=workdir)
     version = llama_cpp_version()
     llama_note = (f"llama.cpp: llama-cpp-python {version}, built with {llama_cpp_isa()}; its prefill is "
                   "one eval of the tokens with the logits of the last position only, as `llama-bench -p` "
                   "measures." if version else "llama.cpp: not measured (the `bench` extra is not installed).")
-    text = "\n".join([
-        "# mlconf bench: bitnet runtime", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores. Read bandwidth (C kernel, 512 MB, "
-        f"1 thread): {bw:.1f} GB/s.", "",
-        "## I2_S matrix-vector product against the native runtime's Q8_0 and Q4_0", "",
-        tabulate(mrows, headers="keys", tablefmt="github", floatfmt=".4g"), "",
-        "GB_s counts the weight bytes streamed (I2_S: 2 bits per weight; Q8_0: 34 bytes per 32; "
-        "Q4_0: 18 per 32); vs_q8_0 is Q8_0's time over this row's (same shape, ISA, threads and "
-        "weights). `cached`: the same matrix again at once (in L3 when it fits); `cold`: the caches "
-        "flushed before each product, as in a forward pass. I2_S includes the int8 quantization of "
-        "the input row; the Q8_0/Q4_0 rows start from quantized activations.", "",
-        "## Embedding prefill (seed 004 section 7): F16 teacher, I2_S student, llama.cpp", "",
-        tabulate(prows, headers="keys", tablefmt="github", floatfmt=".4g"), "",
-        "Random weights, the real shapes and vocabularies. bitnet: the runtime called in this process "
-        "(ml_embed: every token through every layer, pooled and normalized), its own reading of each "
-        "file (F16: float matmuls; I2_S: ternary). " + llama_note + " GOPS counts the seven "
-        "projections' multiply-adds (2 x weights x tokens); weight_GB_s their bytes (F16: 2 per "
-        "weight; I2_S: 1/4) over the time, of_read_bw against the read bandwidth above. Best of 4 up "
-        "to 256 tokens, of 2 at 512, one run above.", ""])
-    if out is not None:
-        from mlconf.tools.mlb import atomic_write
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, [text.encode()])
-    return text
-
-
-def format_table(rows: list[dict]) -> str:
-    return tabulate(rows, headers="keys", floatfmt=".4g")
+    return document("mlconf bench: bitnet runtime", [
+        section("I2_S matrix-vector product against the native runtime's Q8_0 and Q4_0", mrows,
+                "GB_s counts the weight bytes streamed (I2_S: 2 bits per weight; Q8_0: 34 bytes per 32; "
+                "Q4_0: 18 per 32); vs_q8_0 is Q8_0's time over this row's (same shape, ISA, threads and "
+                "weights). `cached`: the same matrix again at once (in L3 when it fits); `cold`: the caches "
+                "flushed before each product, as in a forward pass. I2_S includes the int8 quantization of "
+                "the input row; the Q8_0/Q4_0 rows start from quantized activations. The C kernels time "
+                "themselves (best of their iterations): no spread."),
+        section("Embedding prefill (seed 004 section 7): F16 teacher, I2_S student, llama.cpp", prows,
+                "Random weights, the real shapes and vocabularies. bitnet: the runtime called in this "
+                "process (ml_embed: every token through every layer, pooled and normalized), its own "
+                "reading of each file (F16: float matmuls; I2_S: ternary). " + llama_note + " GOPS counts "
+                "the seven projections' multiply-adds (2 x weights x tokens); weight_GB_s their bytes "
+                "(F16: 2 per weight; I2_S: 1/4) over the time, of_read_bw against the read bandwidth "
+                "above. Best of 4 up to 256 tokens, of 2 at 512, one run above.")], read_bw_GB_s=bw)
 
 
 def main(argv: list[str] | None = None) -> int:

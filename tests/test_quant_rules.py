@@ -561,6 +561,6 @@ def test_quant_bench_rows():
     rows = bench.quant_bench(64, 64, bw_bytes=1 << 20)
     assert [r["op"] for r in rows] == ["q8_0", "q8_0 f16", "q4_0 round", "q4_0 search", "q4_0 search imatrix"]
     for r in rows:
-        assert set(r) == {"op", "rows", "cols", "seconds", "MB/s", "bw_GB/s", "of_bw"}
+        assert set(r) == {"op", "rows", "cols", "seconds", "MB/s", "bw_GB/s", "of_bw", "spread"}
         assert r["seconds"] > 0 and r["MB/s"] > 0 and r["bw_GB/s"] > 0
     assert "q4_0 search imatrix" in bench.format_table(rows)

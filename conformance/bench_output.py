@@ -1,0 +1,157 @@
+"""What `mlconf bench` measured, and how it is shown: timings over repeats, the host, Markdown, JSON.
+
+A figure of a bench row is the best of its runs (the least disturbed by other work on the
+machine); the row's `spread` gives, per figure, the minimum, median and maximum over the runs (as
+llama-bench reports mean +- stddev), so a reader sees how noisy the run was. A bench document is
+{"schema", "mlconf_version", "title", "host", "sections": [{"title", "rows", "note"}]}: printed as
+tables, written as Markdown (bench.md) or printed as JSON (`--json`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabulate import tabulate
+
+SCHEMA = "mlconf-bench/1"
+# the cpuinfo flags that decide which kernels run (the ISA tables and llama.cpp's build)
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
+             "avx512_vnni", "avx512vbmi", "avx512_bf16", "amx_tile", "asimd", "asimddp")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of each run of one measurement."""
+
+    runs: tuple[float, ...]
+
+    @property
+    def best(self) -> float:
+        return min(self.runs)
+
+    def spread(self, amount: float = 1.0) -> dict:
+        """``amount`` / seconds over the runs (a rate: the fastest run is the max)."""
+        rates = sorted(amount / t if t > 0 else math.inf for t in self.runs)
+        return {"min": rates[0], "median": statistics.median(rates), "max": rates[-1], "runs": len(rates)}
+
+    def minus(self, other: Timing) -> Timing:
+        """Each run less ``other``'s best (a phase timed together with one before it)."""
+        return Timing(tuple(t - other.best for t in self.runs))
+
+
+def timed(fn: Callable[[], object], repeat: int) -> Timing:
+    runs = []
+    for _ in range(max(1, repeat)):
+        t = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t)
+    return Timing(tuple(runs))
+
+
+def _cpuinfo() -> dict[str, str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        k, _, v = line.partition(":")
+        out.setdefault(k.strip(), v.strip())
+    return out
+
+
+def _l3() -> str | None:
+    """The size of the last cache level Linux lists for cpu0 (e.g. "32768K"), or None."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    sizes = []
+    for idx in sorted(base.glob("index*")):
+        try:
+            sizes.append((int((idx / "level").read_text()), (idx / "size").read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes)[1] if sizes else None
+
+
+def host() -> dict:
+    """The machine a figure belongs to: CPU model, the ISA flags that matter, cores, last cache."""
+    info = _cpuinfo()
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    return {"machine": platform.machine(), "cpu": info.get("model name") or info.get("CPU part") or "",
+            "isa_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count(),
+            "last_level_cache": _l3()}
+
+
+def document(title: str, sections: list[dict], **extra) -> dict:
+    import mlconf
+    return {"schema": SCHEMA, "mlconf_version": mlconf.__version__, "title": title, "host": host(),
+            **extra, "sections": sections}
+
+
+def section(title: str, rows: list[dict], note: str = "") -> dict:
+    return {"title": title, "rows": rows, "note": note}
+
+
+def host_line(doc: dict) -> str:
+    h = doc["host"]
+    bw = doc.get("read_bw_GB_s")
+    return (f"Machine: {h['cpu'] or h['machine']} ({h['machine']}), {h['cores']} cores, last-level cache "
+            f"{h['last_level_cache'] or 'unknown'}, ISA flags {' '.join(h['isa_flags']) or 'none'}."
+            + (f" Read bandwidth (C kernel, 512 MB, 1 thread): {bw:.1f} GB/s." if bw else ""))
+
+
+def _cell(v):
+    """A spread as "min-max (runs)" of its first figure; everything else as it is."""
+    if isinstance(v, dict):
+        if not v:
+            return ""
+        name, s = next(iter(v.items()))
+        return f"{name} {s['min']:.4g}-{s['max']:.4g} ({s['runs']} runs)"
+    return v
+
+
+def table(rows: list[dict], fmt: str = "simple") -> str:
+    return tabulate([{k: _cell(v) for k, v in r.items()} for r in rows], headers="keys", tablefmt=fmt,
+                    floatfmt=".4g")
+
+
+def markdown(doc: dict) -> str:
+    out = [f"# {doc['title']}", "", host_line(doc), ""]
+    for s in doc["sections"]:
+        out += [f"## {s['title']}", "", table(s["rows"], "github"), ""]
+        if s["note"]:
+            out += [s["note"], ""]
+    out += ["Each figure is the best of its runs; `spread` is the range of the first figure over them.", ""]
+    return "\n".join(out)
+
+
+def text(doc: dict) -> str:
+    """For the terminal: the host, then each section's title and table."""
+    out = [host_line(doc)]
+    for s in doc["sections"]:
+        out += ["", s["title"], table(s["rows"])]
+    return "\n".join(out)
+
+
+def _plain(v):
+    """JSON has no NaN or infinity: null (and tuples become lists)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if hasattr(v, "item"):          # a NumPy scalar
+        return _plain(v.item())
+    return v
+
+
+def dumps(doc: dict) -> str:
+    return json.dumps(_plain(doc), indent=1, allow_nan=False) + "\n"

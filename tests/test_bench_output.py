@@ -1,0 +1,57 @@
+"""`mlconf bench --json`: the host, every row, and per figure its spread over the repeats; the
+figure itself is the best run (bench_output.Timing)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlconf import bench_output, cli
+from mlconf.bench_output import Timing
+from mlconf.tools import exits
+
+
+def test_timing_spread_is_over_the_runs():
+    t = Timing((2.0, 1.0, 4.0))
+    assert t.best == 1.0
+    assert t.spread(4.0) == {"min": 1.0, "median": 2.0, "max": 4.0, "runs": 3}
+    assert t.minus(Timing((0.5, 0.75))).runs == (1.5, 0.5, 3.5)
+    assert bench_output.timed(lambda: None, 3).runs.__len__() == 3
+
+
+def test_json_is_strict_json():
+    doc = bench_output.document("t", [bench_output.section("s", [{"x": float("nan"), "y": float("inf")}])])
+    back = json.loads(bench_output.dumps(doc))
+    assert back["sections"][0]["rows"] == [{"x": None, "y": None}]
+    assert back["schema"] == bench_output.SCHEMA
+    assert set(back["host"]) == {"machine", "cpu", "isa_flags", "cores", "last_level_cache"}
+
+
+def test_bench_quant_json(capsys):
+    assert cli.main(["bench", "quant", "--rows", "64", "--cols", "64", "--repeat", "3", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["host"]["cores"] >= 1 and doc["title"] == "mlconf bench quant"
+    (sec,) = doc["sections"]
+    assert len(sec["rows"]) == 5
+    for r in sec["rows"]:
+        s = r["spread"]["MB/s"]
+        assert s["runs"] == 3 and s["min"] <= s["median"] <= s["max"]
+        assert s["max"] == pytest.approx(r["MB/s"])      # the figure is the best run
+
+
+def test_bench_forward_text_and_json(capsys):
+    from mlconf.golden import GOLDEN_DIR
+    model = str(GOLDEN_DIR / "logits" / "llama.mlb")
+    assert cli.main(["bench", "forward", "--model", model, "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Machine: ") and "decode_tok_s" in out and "(2 runs)" in out
+    assert cli.main(["bench", "forward", "--model", model, "--repeat", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["sections"][0]["rows"]
+    assert {r["mode"] for r in rows} == {"runtime", "float"}
+    assert all(r["spread"]["decode_tok_s"]["runs"] == 2 for r in rows)
+
+
+def test_bench_repeat_must_be_positive(capsys):
+    assert cli.main(["bench", "quant", "--repeat", "0"]) == exits.USAGE
+    assert "--repeat 0" in capsys.readouterr().err
