@@ -377,6 +377,10 @@ def _embed_cases() -> list[Case]:
     names = bitnet_goldens()
     if names:
         gguf = BITNET_DIR / f"{names[0]}.gguf"
+        for kind in fixtures.SPECIAL_PATHS:      # not a regular file: ML_E_IO (loader.special_files)
+            out.append(Case(f"bitnet/embed/refused/path/{kind}", "bitnet", "embed",
+                            "decisions.yaml#loader.special_files (mlrt.h#ml_embed_load)", "refused",
+                            {"op": "open", "model": gguf, "damage": kind}))
         for kind, (tokens, pooling) in EMBED_BAD_CALLS.items():
             out.append(Case(f"bitnet/embed/refused/{names[0]}/{kind}", "bitnet", "embed",
                             "mlrt.h#ml_embed (ML_E_ARG)", "refused",

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import zlib
@@ -164,6 +165,35 @@ def _path_kind(ops: list[dict]) -> str | None:
     return next((op["path"] for op in ops if "path" in op), None)
 
 
+# `path:` mutations: what stands at the case's path instead of a file (decision loader.special_files).
+# Symlink targets are relative or fixed, so a set stays valid when its folder moves (the cache).
+SPECIAL_PATHS = {
+    "missing": "nothing",
+    "directory": "an empty directory",
+    "fifo": "a FIFO with no writer (os.mkfifo)",
+    "char_device": "a symlink to /dev/null, a character device",
+    "symlink_to_directory": "a symlink to its own folder (.)",
+    "dangling_symlink": "a symlink to a name that does not exist",
+}
+
+
+def make_special(target: Path, kind: str) -> None:
+    """Put ``kind`` (SPECIAL_PATHS) at ``target``, replacing whatever is there."""
+    if kind not in SPECIAL_PATHS:
+        raise ValueError(f"unknown path kind {kind!r}; known: {', '.join(SPECIAL_PATHS)}")
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    elif target.exists() or target.is_symlink():
+        target.unlink()
+    if kind == "directory":
+        target.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind != "missing":
+        os.symlink({"char_device": "/dev/null", "symlink_to_directory": os.curdir,
+                    "dangling_symlink": "no-such-file"}[kind], target)
+
+
 # ---------------------------------------------------------------- the whole set
 def catalog() -> list[Fixture]:
     """Every fixture with its expected outcome, without writing anything."""
@@ -206,12 +236,8 @@ def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fi
         if pk is None and f.file.startswith("tokenizer/"):
             mlb.atomic_write(target, [mlt_fixtures.content(f)])
             continue
-        if pk == "missing":
-            if target.exists():
-                target.unlink()
-            continue
-        if pk == "directory":
-            target.mkdir(exist_ok=True)
+        if pk is not None:
+            make_special(target, pk)
             continue
         mlb.atomic_write(target, [mutate(base_bytes(f.base), f.mutate)])
     for f in fixtures:
@@ -239,7 +265,7 @@ def _set_versions(f: Fixture, head: bytes) -> None:
 
 # ---------------------------------------------------------------- the cache of `mlconf run`
 CACHE_ENV = "MLCONF_CACHE_DIR"   # the cache folder; "off": no cache (each run generates its own)
-_HASHES = "hashes.json"          # in a cached set: file -> sha256 ("missing" / "directory")
+_HASHES = "hashes.json"          # in a cached set: file -> sha256, or what stands there (_state)
 
 
 def source_key() -> str:
@@ -267,10 +293,18 @@ def cache_root() -> Path | None:
 
 
 def _state(path: Path) -> str:
-    if not path.exists():
+    """A regular file's sha256; else what stands there, read without opening it (a FIFO must
+    not block): "missing", "directory", "fifo", "symlink:TARGET"."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
         return "missing"
-    if path.is_dir():
+    if stat.S_ISLNK(st.st_mode):
+        return f"symlink:{os.readlink(path)}"
+    if stat.S_ISDIR(st.st_mode):
         return "directory"
+    if stat.S_ISFIFO(st.st_mode):
+        return "fifo"
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

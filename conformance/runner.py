@@ -187,7 +187,11 @@ def damage_gguf(src: str | Path, dst: str | Path, kind: str) -> str:
     """Write a copy of GGUF ``src`` that a loader must refuse; returns what was damaged.
     nan_norm: a quiet NaN as element 0 of the first 1-D F32 norm (F16 if there is none);
     truncated: the file cut in the middle of its last tensor's data; code3: code 3 as element 7
-    of the first I2_S tensor (bits 7..6 of its packed byte 7)."""
+    of the first I2_S tensor (bits 7..6 of its packed byte 7); a fixtures.SPECIAL_PATHS kind:
+    that instead of a file (a FIFO, a symlink to /dev/null, ...)."""
+    if kind in fixtures.SPECIAL_PATHS:
+        fixtures.make_special(Path(dst), kind)
+        return fixtures.SPECIAL_PATHS[kind]
     data = bytearray(Path(src).read_bytes())
     tensors = gguf_tensors(src)
     if kind == "nan_norm":

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from mlconf import specs
+from mlconf.tools import files
 
 Version = specs.Version
 HEADER = 256
@@ -62,7 +63,7 @@ def features(data: bytes) -> list[Feature]:
 def read_head(path: str | os.PathLike) -> bytes:
     """The bytes ``features`` looks at (header and layer-flag bytes); b"" for what is no file."""
     try:
-        with open(path, "rb") as f:
+        with files.open_regular(path) as f:
             head = f.read(HEADER)
             if len(head) == HEADER:
                 head += f.read(min(_u32(head, "n_layers"), 1 << 20))

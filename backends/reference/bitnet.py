@@ -107,6 +107,10 @@ def load_gguf(path) -> BitnetModel:
 
     from mlconf.tools.convert_bitnet import register_i2s
 
+    from mlconf.tools.files import check_regular
+    why = check_regular(path)        # gguf-py maps the path: a FIFO would block (loader.special_files)
+    if why:
+        raise BitnetError(f"{path}: cannot open: {why}")
     i2s_type = register_i2s()
     r = gguf.GGUFReader(str(path))
     arch = _field(r, "general.architecture")

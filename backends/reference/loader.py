@@ -15,6 +15,7 @@ from functools import cached_property
 import numpy as np
 
 from mlconf import specs
+from mlconf.tools import files
 
 from ..base import LoadResult
 from . import layout
@@ -52,7 +53,7 @@ class Context:
         n = self.h["n_layers"]
         if self.size < 256 + n:
             return None, True
-        with open(self.path, "rb") as f:
+        with files.open_regular(self.path) as f:
             f.seek(256)
             return f.read(n), False
 
@@ -430,11 +431,11 @@ def load(path: str | os.PathLike, version: specs.Version | None = None) -> LoadR
     path = os.fspath(path)
     name = path
     try:
-        with open(path, "rb") as f:
+        with files.open_regular(path) as f:     # decision loader.special_files
             size = os.fstat(f.fileno()).st_size
             head = f.read(256)
     except OSError as e:
-        return LoadResult("ML_E_IO", f"{name}: cannot open: {e.strerror or e}", "io.open")
+        return LoadResult("ML_E_IO", f"{name}: cannot open: {files.reason(e)}", "io.open")
     c = Context(path=path, size=size, head=head, version=version)
     for r in rule_table():
         reason = RULES[r["id"]](c)

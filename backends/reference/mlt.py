@@ -9,6 +9,7 @@ from collections.abc import Callable
 from functools import cached_property
 
 from mlconf import specs
+from mlconf.tools import files
 
 from ..base import LoadResult
 
@@ -170,10 +171,9 @@ def check(data: bytes, name: str = "<bytes>", model_vocab: int | None = None) ->
 def load_bytes(path: str | os.PathLike, model_vocab: int | None = None) -> tuple[LoadResult, bytes]:
     name = os.fspath(path)
     try:
-        with open(name, "rb") as f:
-            data = f.read()
+        data = files.read_regular(name)     # decision loader.special_files
     except OSError as e:
-        return LoadResult("ML_E_IO", f"{name}: cannot open: {e.strerror or e}", "io.open"), b""
+        return LoadResult("ML_E_IO", f"{name}: cannot open: {files.reason(e)}", "io.open"), b""
     return check(data, name, model_vocab), data
 
 

@@ -290,7 +290,7 @@ static int parse(gguf_file *g, char *reason, size_t reason_len) {
 int gguf_open(const char *path, gguf_file *g, char *reason, size_t reason_len) {
     memset(g, 0, sizeof *g);
     g->path = path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   /* a FIFO must not block: decision loader.special_files */
     if (fd < 0) {
         ml_reason(reason, reason_len, "%s: cannot open: %s", path, strerror(errno));
         return ML_E_IO;
@@ -304,7 +304,7 @@ int gguf_open(const char *path, gguf_file *g, char *reason, size_t reason_len) {
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        ml_reason(reason, reason_len, "%s: cannot read: not a regular file", path);
+        ml_reason(reason, reason_len, "%s: cannot open: %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
         return ML_E_IO;
     }
     if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
