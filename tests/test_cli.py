@@ -1,6 +1,5 @@
 """The mlconf command line, run as a user runs it (a subprocess), exit codes and messages."""
 
-import hashlib
 import json
 import os
 import subprocess

@@ -106,7 +106,6 @@ def load_gguf(path) -> BitnetModel:
     import gguf
 
     from mlconf.tools.convert_bitnet import register_i2s
-
     from mlconf.tools.files import check_regular
     why = check_regular(path)        # gguf-py maps the path: a FIFO would block (loader.special_files)
     if why:
