@@ -566,9 +566,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     p = sub.add_parser("backends", help="list backends and their capabilities")
-    p.add_argument("--repeat", type=int, default=3, metavar="N",
-                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
-                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true",
                    help="one JSON object: backends (capabilities, unsupported) and plug-ins")
     p.set_defaults(fn=cmd_backends)
@@ -576,9 +573,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("load", help="validate an .mlb file on a backend")
     p.add_argument("file")
     p.add_argument("-b", "--backend", default="reference")
-    p.add_argument("--repeat", type=int, default=3, metavar="N",
-                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
-                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true", help='print {"status": ..., "reason": ...}')
     p.add_argument("--model-vocab", type=int, help="for an .mlt: the vocab of the model it goes with")
     p.set_defaults(fn=cmd_load)
@@ -634,9 +628,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diff", help="what regressed and what was fixed between two results.json")
     p.add_argument("old", metavar="OLD.json")
     p.add_argument("new", metavar="NEW.json")
-    p.add_argument("--repeat", type=int, default=3, metavar="N",
-                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
-                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true", help='print {"regressed": [...], "fixed": [...]}')
     p.set_defaults(fn=cmd_diff)
 
@@ -669,9 +660,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--text")
     g.add_argument("--file", help="a UTF-8 text file")
     p.add_argument("-b", "--backend", default="reference")
-    p.add_argument("--repeat", type=int, default=3, metavar="N",
-                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
-                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(fn=cmd_encode)
 
@@ -696,9 +684,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the projections are read (default: the file's own, as bitnet.cpp: ternary "
                    "for I2_S, float for f32/f16); ternary reads the latent f32/f16 weights of a BitNet "
                    "student as BitLinear")
-    p.add_argument("--repeat", type=int, default=3, metavar="N",
-                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
-                   "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true",
                    help='print {"model", "backend", "tokens", "pooling", "normalize", "reading", '
                    '"embedding"}')
