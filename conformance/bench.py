@@ -151,13 +151,12 @@ def tokenizer_bench(mlt_path: str, json_path: str | None = None, n_bytes: int = 
     te = timed(cold, repeat)
     rows = [_encode_row(Path(mlt_path).name, "reference", tok.n_vocab, load, nb, len(ids), te)]
     del enc
-    if json_path:
-        try:
-            import os
-
-            from tokenizers import Tokenizer
-        except ImportError:
-            return rows
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:      # HF tokenizers (extra `oracle`) absent: the reference and native rows only
+        Tokenizer = None
+    if json_path and Tokenizer is not None:
+        import os
         os.environ.setdefault("RAYON_NUM_THREADS", "1")
         hf = Tokenizer.from_file(json_path)
         th = timed(lambda: hf.encode(text), repeat)

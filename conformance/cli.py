@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import tempfile
 from collections import Counter
@@ -51,6 +52,76 @@ def _backend(name: str):
         raise UsageError(str(e)) from None
 
 
+# ---------------------------------------------------------------- arguments
+INT32_MAX = 2**31 - 1
+
+
+def int_in(lo: int, hi: int, multiple: int = 1):
+    """An argparse type: an integer in lo..hi (and a multiple of ``multiple``)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= v <= hi or v % multiple:
+            extra = f", a multiple of {multiple}" if multiple > 1 else ""
+            raise argparse.ArgumentTypeError(f"{text} is not in {lo}..{hi}{extra}")
+        return v
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a per-call timeout, above 0 and at most the native MAX_TIMEOUT."""
+    from mlconf.backends.native import MAX_TIMEOUT
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < v <= MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0 and at most {MAX_TIMEOUT:g} seconds")
+    return v
+
+
+def input_file(path: str) -> str:
+    """``path`` when it names a readable regular file; else UsageError naming it and why."""
+    from mlconf.tools.files import check_regular
+    if path == "":
+        raise UsageError("an empty path names no file")
+    why = check_regular(path)
+    if why:
+        raise UsageError(f"{path}: cannot read: {why}")
+    return path
+
+
+def output_file(path: str) -> str:
+    """``path`` when a file can be written there (its folder exists and it is no directory);
+    checked before any work, so a bad output path fails at once and names itself."""
+    if path == "":
+        raise UsageError("an empty path names no output file")
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{path}: is a directory")
+    parent = p.parent
+    if not parent.is_dir():
+        raise UsageError(f"{path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{path}: folder {parent} is not writable")
+    return path
+
+
+def output_folder(path: str) -> Path:
+    """A folder that can be made or written (a report or fixtures folder); UsageError otherwise."""
+    if path == "":
+        raise UsageError("an empty path names no folder")
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{path}: exists and is not a folder")
+    existing = next(a for a in (p, *p.parents) if a.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{path}: {existing} is not a writable folder")
+    return p
+
+
 # ---------------------------------------------------------------- commands
 def cmd_backends(args) -> int:
     from mlconf.backends import CAPABILITIES, builtin_names
@@ -85,13 +156,16 @@ def cmd_backends(args) -> int:
 
 
 def cmd_load(args) -> int:
+    from mlconf.backends import InputError, Unsupported
     b = _backend(args.backend)
-    if args.file.endswith(".mlt"):  # a tokenizer (README: `mlconf load`)
-        if "load_tokenizer" not in b.capabilities:
-            raise UsageError(f"backend {b.name} has no load_tokenizer capability")
-        res = b.load_tokenizer(args.file, model_vocab=args.model_vocab)
-    else:
-        res = b.load(args.file)
+    tokenizer = args.file.lower().endswith(".mlt")   # a tokenizer (README: `mlconf load`)
+    cap = "load_tokenizer" if tokenizer else "load"
+    if cap not in b.capabilities:
+        raise UsageError(f"backend {b.name} has no {cap} capability")
+    try:
+        res = b.load_tokenizer(args.file, model_vocab=args.model_vocab) if tokenizer else b.load(args.file)
+    except (InputError, Unsupported) as e:
+        raise UsageError(f"{args.file}: {e}") from None
     if args.json:
         print(json.dumps({"status": res.status, "reason": res.reason}))
     else:
@@ -100,11 +174,16 @@ def cmd_load(args) -> int:
 
 
 def _read_npy(path: str) -> np.ndarray:
+    from mlconf.tools.files import open_regular, reason
     try:
-        x = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
+        with open_regular(input_file(path)) as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise UsageError(f"{path}: not an .npy file (no \\x93NUMPY magic)")
+            f.seek(0)
+            x = np.load(f, allow_pickle=False)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {reason(e)}") from None
+    except (ValueError, EOFError) as e:
         raise UsageError(f"{path}: not a readable .npy array ({e})") from None
     if not isinstance(x, np.ndarray) or not np.issubdtype(x.dtype, np.floating):
         raise UsageError(f"{path}: dtype {getattr(x, 'dtype', type(x))} is not floating point")
@@ -127,6 +206,7 @@ def _atomic_npy(path: str, save, *args, **kwargs) -> None:
 def cmd_quantize(args) -> int:
     from mlconf.backends import Unsupported
     x = _read_npy(args.input)
+    output_file(args.output)
     b = _backend(args.backend)
     try:
         if args.type == "q8_0":
@@ -146,9 +226,7 @@ def cmd_quantize(args) -> int:
 
 def cmd_fixtures(args) -> int:
     from mlconf import fixtures
-    out = Path(args.outdir)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: exists and is not a folder")
+    out = output_folder(args.outdir)
     fs = fixtures.generate(out)
     kinds = Counter(f.kind for f in fs)
     print(f"{out}: {len(fs)} fixtures ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}), "
@@ -214,10 +292,10 @@ def cmd_run(args) -> int:
     from mlconf import cases, records, reports, runner, specs
     from mlconf.backends import builtin_names
     start = time.perf_counter()
-    if args.jobs < 1:
-        raise UsageError(f"--jobs {args.jobs}: must be at least 1")
-    if args.timeout is not None and not args.timeout > 0:
-        raise UsageError(f"--timeout {args.timeout}: must be a positive number of seconds")
+    output_folder(args.report)         # before the run, not after it
+    dup = sorted({n for n in args.backend or () if (args.backend or []).count(n) > 1})
+    if dup:
+        raise UsageError(f"-b {dup[0]}: named twice (each backend runs once)")
     target = None
     if args.target_version is not None:
         try:
@@ -321,19 +399,25 @@ def cmd_diff(args) -> int:
     return exits.FAILED if regressed else exits.OK
 
 
-def parse_tokens(text: str) -> np.ndarray:
+def parse_tokens(text: str, option: str = "--tokens") -> np.ndarray:
+    """Comma-separated token ids, each in 0..2^31-1 (the model then checks them against its vocab)."""
     try:
         ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
     except ValueError:
-        raise UsageError(f"--tokens {text!r}: expected comma-separated integers like 1,2,3") from None
+        raise UsageError(f"{option} {text!r}: expected comma-separated integers like 1,2,3") from None
     if not ids:
-        raise UsageError("--tokens: no token given")
+        raise UsageError(f"{option}: no token given")
+    bad = next((i for i in ids if not 0 <= i <= INT32_MAX), None)
+    if bad is not None:
+        raise UsageError(f"{option}: token id {bad} is not in 0..{INT32_MAX}")
     return np.array(ids, dtype=np.int64)
 
 
 def cmd_forward(args) -> int:
     from mlconf.backends import InputError, Unsupported
     tokens = parse_tokens(args.tokens)
+    if args.output:
+        output_file(args.output)
     if args.float:
         if args.backend != "reference":
             raise UsageError("--float (float semantics) exists on the reference backend only")
@@ -360,21 +444,29 @@ def cmd_forward(args) -> int:
     return 0
 
 
-def _read_tokens_file(path: str) -> np.ndarray:
+def _read_text(path: str, what: str) -> str:
+    """A UTF-8 text file; UsageError naming it when it is no regular file or not UTF-8."""
+    from mlconf.tools.files import read_regular, reason
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = read_regular(input_file(path))
     except OSError as e:
-        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not a text file of token ids (not UTF-8)") from None
-    return parse_tokens(",".join(text.split()))
+        raise UsageError(f"{path}: cannot read: {reason(e)}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not {what} (not UTF-8 at byte {e.start})") from None
+
+
+def _read_tokens_file(path: str) -> np.ndarray:
+    return parse_tokens(",".join(_read_text(path, "a text file of token ids").split()), "--tokens-file")
 
 
 def cmd_imatrix(args) -> int:
     from mlconf.backends import InputError
     from mlconf.backends.reference import ReferenceBackend
     from mlconf.tools import mlb
-    tokens = parse_tokens(args.tokens) if args.tokens else _read_tokens_file(args.tokens_file)
+    tokens = parse_tokens(args.tokens) if args.tokens is not None else _read_tokens_file(args.tokens_file)
+    output_file(args.output)
     try:
         session = ReferenceBackend().open_model(args.model, ctx=args.ctx)
         im = session.start_imatrix()
@@ -398,28 +490,30 @@ def _tokenizer(args):
     if "encode" not in b.capabilities:
         raise UsageError(f"backend {b.name} has no tokenizer (encode) capability")
     try:
-        return b.open_tokenizer(args.tokenizer)
+        return b.open_tokenizer(args.tokenizer)    # its loader's status for a bad path (ML_E_IO)
     except InputError as e:
         raise UsageError(str(e)) from None
 
 
 def cmd_encode(args) -> int:
     if args.text is not None:
-        text = args.text
+        text = argument_text(args.text)
     else:
-        try:
-            text = Path(args.file).read_bytes().decode("utf-8")
-        except OSError as e:
-            raise UsageError(f"{args.file}: cannot read: {e.strerror or e}") from None
-        except UnicodeDecodeError as e:
-            raise UsageError(f"{args.file}: not UTF-8 text (byte {e.start})") from None
+        text = _read_text(args.file, "UTF-8 text")
     ids = _tokenizer(args).encode(text)
     print(json.dumps(ids) if args.json else ",".join(map(str, ids)))
     return 0
 
 
+def argument_text(arg: str) -> str:
+    """A text argument as the shell passed it: its bytes (Python's argv decoding undone) decoded
+    as every encoder decodes input (decision tok.invalid_utf8: a maximal ill-formed subpart
+    becomes one U+FFFD), so the reference and native see the same text (decision cli.text)."""
+    return os.fsencode(arg).decode("utf-8", "replace")
+
+
 def cmd_decode(args) -> int:
-    ids = [int(i) for i in parse_tokens(args.ids)]
+    ids = [int(i) for i in parse_tokens(args.ids, "--ids")]
     tok = _tokenizer(args)
     try:
         data = tok.decode(ids)
@@ -450,9 +544,11 @@ def gguf_text_ids(path: str, text: str) -> np.ndarray:
 
 def cmd_embed(args) -> int:
     from mlconf.backends import InputError, Unsupported
-    if not Path(args.model).is_file():
-        raise UsageError(f"{args.model}: no such file")
-    tokens = parse_tokens(args.tokens) if args.tokens is not None else gguf_text_ids(args.model, args.text)
+    input_file(args.model)
+    if args.text is not None and not args.text:
+        raise UsageError("--text: the text is empty (an embedding of no text is not defined)")
+    tokens = (parse_tokens(args.tokens) if args.tokens is not None
+              else gguf_text_ids(args.model, argument_text(args.text)))
     b = _backend(args.backend)
     if "embed" not in b.capabilities:
         raise UsageError(f"backend {b.name} has no embed capability")
@@ -493,8 +589,6 @@ def cmd_bench(args) -> int:
     if args.what == "llama-cmake-args":
         print(bench.llama_cpp_cmake_args())
         return 0
-    if args.repeat < 1:
-        raise UsageError(f"--repeat {args.repeat}: must be at least 1")
     if args.what in ("native", "bitnet"):
         try:
             doc = bench.native_doc() if args.what == "native" else bench.bitnet_doc()
@@ -549,9 +643,11 @@ def _bench_sections(args) -> list[dict]:
                 out.append(section(f"Tokenizer {Path(src).name}", rows))
     if args.what in ("all", "forward"):
         model = args.model or max((GOLDEN_DIR / "logits").glob("*.mlb"), key=lambda p: p.stat().st_size)
-        if not Path(model).is_file():
-            raise UsageError(f"{model}: no such file")
-        rows = bench.forward_bench(str(model), repeat=args.repeat)
+        from mlconf.tools.mlb import MLBError
+        try:
+            rows = bench.forward_bench(input_file(str(model)), repeat=args.repeat)
+        except MLBError as e:
+            raise UsageError(str(e)) from None
         out.append(section(f"Reference forward, {Path(model).name}", rows))
     return out
 
@@ -574,7 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("-b", "--backend", default="reference")
     p.add_argument("--json", action="store_true", help='print {"status": ..., "reason": ...}')
-    p.add_argument("--model-vocab", type=int, help="for an .mlt: the vocab of the model it goes with")
+    p.add_argument("--model-vocab", type=int_in(0, INT32_MAX),
+                   help="for an .mlt: the vocab of the model it goes with")
     p.set_defaults(fn=cmd_load)
 
     p = sub.add_parser("quantize", help="quantize a float .npy matrix to an .npz of quants and scales")
@@ -597,11 +694,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--area", action="append", choices=list(AREAS))
     p.add_argument("--report", default="reports", metavar="DIR",
                    help="folder of results.json, summary.md, junit.xml, report.html (default: %(default)s)")
-    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+    p.add_argument("--jobs", "-j", type=int_in(1, 1024), default=1, metavar="N",
                    help="run the cases in N forked processes (same records as serial)")
     p.add_argument("--fail-fast", action="store_true",
                    help="stop at the first failing case (the reports show what ran)")
-    p.add_argument("--timeout", type=float, metavar="S",
+    p.add_argument("--timeout", type=seconds, metavar="S",
                    help="per-call timeout of worker-backed backends (native, bitnet, lib:); in-process "
                         "backends (reference) have none")
     p.add_argument("--strict", action="store_true",
@@ -635,7 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.mlb")
     p.add_argument("--tokens", required=True, help="comma-separated token ids, fed from position 0")
     p.add_argument("-b", "--backend", default="reference")
-    p.add_argument("--ctx", type=int, help="KV cache positions (default max_seq)")
+    p.add_argument("--ctx", type=int_in(1, 2**24), help="KV cache positions (default max_seq)")
     p.add_argument("--float", action="store_true", help="float semantics: no activation quantization")
     p.add_argument("-o", "--output", metavar="OUT.npy", help="write the float32 logits here")
     p.set_defaults(fn=cmd_forward)
@@ -645,7 +742,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens", help="comma-separated token ids")
     g.add_argument("--tokens-file", help="a file of token ids separated by white space or commas")
-    p.add_argument("--ctx", type=int, help="chunk length (default max_seq); the state is reset per chunk")
+    p.add_argument("--ctx", type=int_in(1, 2**24),
+                   help="chunk length (default max_seq); the state is reset per chunk")
     p.add_argument("-o", "--output", required=True, metavar="OUT.mli")
     p.set_defaults(fn=cmd_imatrix)
 
@@ -707,13 +805,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "model (writes REPORT/bench-bitnet.md); llama-cmake-args: the CMAKE_ARGS that build "
                    "llama-cpp-python (extra `bench`) for this CPU: GGML_NATIVE and AMX off, its ISA explicit")
     p.add_argument("--report", default="reports", help="folder of bench.md (default: %(default)s)")
-    p.add_argument("--repeat", type=int, default=3, metavar="N",
+    p.add_argument("--repeat", type=int_in(1, 1000), default=3, metavar="N",
                    help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
                    "spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON (host, every row, "
                    "and per figure its min/median/max over the repeats) instead of tables")
-    p.add_argument("--rows", type=int, default=4096, help="quantizer matrix rows")
-    p.add_argument("--cols", type=int, default=4096, help="quantizer matrix columns")
+    p.add_argument("--rows", type=int_in(1, 65536), default=4096, help="quantizer matrix rows")
+    p.add_argument("--cols", type=int_in(32, 65536, 32), default=4096,
+                   help="quantizer matrix columns (a multiple of 32)")
     p.add_argument("--model", help="forward: an .mlb (default: the largest golden model)")
     p.add_argument("--tokenizer-json", help="tokenizer: a tokenizer.json to convert and time against HF "
                    "tokenizers (default: the golden llama3 and llama2)")
@@ -742,7 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_convert_bitnet(argparse.Namespace(args=argv[1:]))
     try:
         args = build_parser().parse_args(argv)
-        return args.fn(args)
+        return _guarded(args)
     except UsageError as e:
         print(f"mlconf: error: {e}", file=sys.stderr)
         return exits.USAGE
@@ -756,6 +855,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mlconf: interrupted", file=sys.stderr)
         return exits.INTERRUPTED
+
+
+def _guarded(args) -> int:
+    """Run a command; a bug of mlconf's (any other exception) is one line, exit 1, never a
+    traceback (MLCONF_DEBUG=1 shows it)."""
+    try:
+        return args.fn(args)
+    except (UsageError, NothingSelected, OSError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        if os.environ.get("MLCONF_DEBUG"):
+            raise
+        print(f"mlconf: internal error (a bug of mlconf; MLCONF_DEBUG=1 shows the traceback): "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        return exits.FAILED
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ class Fixture:
     base: str = ""
     mutate: list = field(default_factory=list)
     model_vocab: int | None = None  # tokenizer fixtures: the model vocab a loader is given
+    imatrix: str | None = None      # valid imatrix bases: the MLI1 file written beside it, which
+                                    # its Q4_0 matrices were quantized with
     # .mlb files, set by generate(): the oldest Krafla version that reads the file as `expected`
     # says (None: every version), and the status every older version must give instead
     min_version: str | None = None
@@ -197,7 +199,8 @@ def make_special(target: Path, kind: str) -> None:
 # ---------------------------------------------------------------- the whole set
 def catalog() -> list[Fixture]:
     """Every fixture with its expected outcome, without writing anything."""
-    out = [Fixture(f"valid/{n}.mlb", "valid", "ML_OK", list(s.get("covers", [])), base=n)
+    out = [Fixture(f"valid/{n}.mlb", "valid", "ML_OK", list(s.get("covers", [])), base=n,
+                   imatrix=f"valid/{n}.mli" if s.get("imatrix") else None)
            for n, s in base_specs().items()]
     errors = specs.load("mlb_errors")
     for r in errors["rules"]:
@@ -332,7 +335,7 @@ def cached() -> Path | None:
         tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=root))
         try:
             made = generate(tmp)
-            hashes = {f.file: _state(tmp / f.file) for f in made}
+            hashes = {p: _state(tmp / p) for f in made for p in (f.file, f.imatrix) if p}
             (tmp / _HASHES).write_text(json.dumps(hashes, indent=0, sort_keys=True), encoding="utf-8")
             if final.exists() and not _intact(final):
                 shutil.rmtree(final, ignore_errors=True)

@@ -54,4 +54,4 @@ def test_bench_forward_text_and_json(capsys):
 
 def test_bench_repeat_must_be_positive(capsys):
     assert cli.main(["bench", "quant", "--repeat", "0"]) == exits.USAGE
-    assert "--repeat 0" in capsys.readouterr().err
+    assert "--repeat: 0 is not in 1..1000" in capsys.readouterr().err

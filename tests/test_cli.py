@@ -117,8 +117,9 @@ def test_quantize_float64_is_rounded_to_float32(tmp_path):
     (lambda p: np.save(p, np.full(32, np.nan, np.float32)), "non-finite"),
     (lambda p: np.save(p, np.zeros(33, np.float32)), "multiple of 32"),
     (lambda p: np.save(p, np.zeros(32, np.int32)), "not floating point"),
-    (lambda p: p.write_bytes(b"not numpy"), "not a readable .npy"),
-    (lambda p: None, "no such file"),
+    (lambda p: p.write_bytes(b"not numpy"), "not an .npy file"),
+    (lambda p: p.write_bytes(b"\x93NUMPY\x01\x00garbage"), "not a readable .npy"),
+    (lambda p: None, "No such file"),
 ])
 def test_quantize_bad_input(tmp_path, make, needle):
     src = tmp_path / "in.npy"

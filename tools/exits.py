@@ -22,5 +22,5 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"mlconf: error: {self.prog.removeprefix('mlconf ')}: {message}", file=sys.stderr)
         raise SystemExit(USAGE)

@@ -141,7 +141,10 @@ def _check_imatrix(im: Imatrix, h: dict, name: str) -> None:
 def atomic_write(path: str | os.PathLike, chunks) -> None:
     """Write chunks to a temporary file beside ``path`` and rename it into place."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent or ".")
+    except OSError as e:     # the error names the output, not the temporary file
+        raise type(e)(e.errno, e.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             for c in chunks:
@@ -150,9 +153,11 @@ def atomic_write(path: str | os.PathLike, chunks) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written model is an ordinary file
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise type(e)(e.errno, e.strerror, str(path)) from None
         raise
 
 

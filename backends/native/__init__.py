@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libmlrt.so"      # pip install builds it here (editable installs: in the source tree)
 ISAS = ("scalar", "avx2", "neon", "neon-dotprod")
 DEFAULT_TIMEOUT = 60.0             # seconds per call; MLCONF_WORKER_TIMEOUT overrides it
+MAX_TIMEOUT = 1e6                  # ~11 days: beyond what the clocks and select() take
 TIMEOUT_ENV = "MLCONF_WORKER_TIMEOUT"
 INT32 = (-2**31, 2**31 - 1)
 
@@ -45,8 +46,9 @@ def default_timeout() -> float:
         t = float(v)
     except ValueError:
         raise BackendError(f"{TIMEOUT_ENV}={v!r} is not a number of seconds") from None
-    if not t > 0:
-        raise BackendError(f"{TIMEOUT_ENV}={v!r} must be above 0")
+    if not 0 < t <= MAX_TIMEOUT:
+        raise BackendError(f"{TIMEOUT_ENV}={v!r} must be a number of seconds above 0 and at most "
+                           f"{MAX_TIMEOUT:g}")
     return t
 
 
@@ -161,7 +163,7 @@ class LibraryBackend:
         st, q, d = self._call(f"quantize_q8_0(float32{list(x.shape)}, f16={bool(f16)})", "quantize_q8_0",
                               x, bool(f16))
         d = _quantizer_status("ml_quantize_q8_0", st, lambda: _q8_problem(x, f16), d, f16)
-        return q.reshape(x.shape), d.reshape(*x.shape[:-1], -1)
+        return q.reshape(x.shape), d.reshape(*x.shape[:-1], x.shape[-1] // 32 if x.ndim > 1 else -1)
 
     def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
                       importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -180,6 +182,9 @@ class LibraryBackend:
         imp = None if importance is None else np.ascontiguousarray(importance, dtype=np.float32)
         if imp is not None and imp.shape != (cols,):
             raise ValueError(f"importance has shape {imp.shape}, expected ({cols},)")
+        if rows == 0:      # nothing to quantize (the ABI would see NULL buffers): empty, as the reference
+            return (np.zeros((*x.shape[:-1], cols // 2), np.uint8),
+                    np.zeros((*x.shape[:-1], cols // 32), np.float16 if f16 else np.float32))
         st, qs, d = self._call(f"quantize_q4_0(float32{list(x.shape)}, {rule}, f16={bool(f16)}, "
                                f"importance={imp is not None})", "quantize_q4_0",
                                x, rows, cols, abi.Q4_0_RULES[rule], bool(f16), imp)

@@ -46,7 +46,7 @@ int ml_check(const char *path, char *reason, size_t reason_len) {
         for (;;)
             sleep(1);
     }
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK);   /* a FIFO must not block (decision loader.special_files) */
     if (fd < 0)
         return fail(reason, reason_len, ML_E_IO, path, strerror(errno));
     struct stat st;

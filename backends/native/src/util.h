@@ -96,10 +96,12 @@ static inline int ml_open_regular(const ml_report *r, int *fd, struct stat *st) 
         close(*fd);
         return ml_fail(r, ML_E_IO, "io.open", "cannot stat: %s", strerror(e));
     }
-    if (!S_ISREG(st->st_mode)) {
+    if (!S_ISREG(st->st_mode)) {   /* decision loader.special_files */
         close(*fd);
+        mode_t m = st->st_mode;
         return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s",
-                       S_ISDIR(st->st_mode) ? "is a directory" : "not a regular file");
+                       S_ISDIR(m) ? "is a directory" : S_ISFIFO(m) ? "is a FIFO" : S_ISCHR(m) ? "is a character device"
+                       : S_ISBLK(m) ? "is a block device" : S_ISSOCK(m) ? "is a socket" : "not a regular file");
     }
     return ML_OK;
 }
