@@ -43,8 +43,10 @@ def work(tmp_path_factory, generated):
     (w / "e.mlb").write_bytes(b"")
     (w / "picture.png").write_bytes(bytes(range(256)) * 8)
     (w / "adir").mkdir()
-    for name in ("f.mlb", "f.mlt", "f.npy", "f.gguf", "f.txt"):
+    for name in ("f.mlb", "f.mlt", "f.npy", "f.gguf", "f.txt", "f.json"):
         os.mkfifo(w / name)
+    (w / "ck").mkdir()
+    os.mkfifo(w / "ck" / "config.json")
     os.symlink("no-such-file", w / "dangling.mlb")
     os.symlink("/dev/null", w / "null.mlb")
     (w / "afile").write_bytes(b"x")
@@ -166,6 +168,10 @@ ROWS = [
     (["convert"], USAGE, "convert", None),
     (["convert-tokenizer"], USAGE, "convert-tokenizer", None),
     (["convert-bitnet"], USAGE, "convert-bitnet", None),
+    (["convert-tokenizer", "adir", "o.mlt"], USAGE, "adir: cannot read: is a directory", "o.mlt"),
+    (["convert-tokenizer", "picture.png", "o.mlt"], USAGE, "picture.png", "o.mlt"),
+    (["convert", "adir", "o.mlb"], USAGE, "adir/config.json", "o.mlb"),
+    (["convert-bitnet", "adir", "o.gguf"], USAGE, "adir/config.json", "o.gguf"),
     # siblings: unknown backend, unknown option value, nothing to do
     (["load", "llama.mlb", "-b", "nope"], USAGE, "nope", None),
     (["run", "--area", "nope"], USAGE, "--area", None),
@@ -212,11 +218,14 @@ def test_special_files_one_status(work, name, backend):
                                   ["imatrix", "llama.mlb", "--tokens-file", "f.txt", "-o", "x.mli"],
                                   ["encode", "tok.mlt", "--file", "f.txt"],
                                   ["forward", "f.mlb", "--tokens", "1"],
-                                  ["embed", "f.gguf", "--tokens", "1"]])
+                                  ["embed", "f.gguf", "--tokens", "1"],
+                                  ["convert-tokenizer", "f.json", "o.mlt"],
+                                  ["convert", "ck", "o.mlb"],
+                                  ["convert-bitnet", "ck", "o.gguf"]])
 def test_fifo_inputs_of_commands(work, args):
     rc, _, err = subprocess_run(work, *args, timeout=60)
     assert_one_error(rc, err, exits.USAGE, "is a FIFO")
-    assert not (work / "o.npz").exists() and not (work / "x.mli").exists()
+    assert not any((work / o).exists() for o in ("o.npz", "x.mli", "o.mlt", "o.mlb", "o.gguf"))
 
 
 def test_worker_timeout_variable(work):

@@ -489,7 +489,7 @@ def test_refused(case, hf, tmp_path, capsys):
     out.parent.mkdir()
     assert conv.main([str(folder), str(out)]) == 4
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and needle in err, err
+    assert err.startswith("mlconf: error: ") and needle in err, err
     assert "Traceback" not in err
     assert list(out.parent.iterdir()) == []                   # no .mlb, no temporary file
 
@@ -516,7 +516,7 @@ def test_cli_script(hf, tmp_path):
     assert loader.load(out).ok
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "nowhere"), str(tmp_path / "x.mlb")],
                        capture_output=True, encoding="utf-8")
-    assert r.returncode == 4 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    assert r.returncode == 4 and r.stderr.startswith("mlconf: error: ") and "Traceback" not in r.stderr
 
 
 def test_imports():

@@ -350,7 +350,7 @@ def test_refusal(name, tmp_path):
     config = doc.pop("__config__", None)
     code, err, out = run(doc, tmp_path, config)
     assert code == 4
-    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert err.startswith("mlconf: error: ") and err.count("\n") == 1, err
     assert needle in err, err
     assert list(out.parent.iterdir()) == [], "a refusal leaves no file (not even a temporary one)"
 
@@ -373,7 +373,7 @@ def test_unreadable_input(content, tmp_path, capsys):
     src = tmp_path / "tokenizer.json"
     src.write_text(content, encoding="utf-8")
     assert ct.main([str(src), str(tmp_path / "o.mlt")]) == 4
-    assert capsys.readouterr().err.startswith(f"error: {src}: ")
+    assert capsys.readouterr().err.startswith(f"mlconf: error: {src}: ")
     assert not (tmp_path / "o.mlt").exists()
     assert ct.main([str(tmp_path / "missing.json"), str(tmp_path / "o.mlt")]) == 4
 
@@ -388,7 +388,7 @@ def test_malformed_fields_give_one_line(mutate, tmp_path):
     doc = sp_base()
     mutate(doc)
     code, err, out = run(doc, tmp_path)
-    assert code == 4 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert code == 4 and err.startswith("mlconf: error: ") and err.count("\n") == 1, err
     assert list(out.parent.iterdir()) == []
 
 
@@ -535,7 +535,7 @@ def test_runs_as_a_script(tmp_path):
     src = _write(doc, tmp_path / "w.json")
     r = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "w.mlt")], capture_output=True,
                        text=True, encoding="utf-8")
-    assert r.returncode == 4 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    assert r.returncode == 4 and r.stderr.startswith("mlconf: error: ") and "Traceback" not in r.stderr
     assert not (tmp_path / "w.mlt").exists()
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from mlconf import specs
 from mlconf.backends.reference import layout, loader
 from mlconf.tools import exits, mlb
+from mlconf.tools.files import open_regular, read_regular
 
 
 class ConvertError(ValueError):
@@ -67,7 +68,7 @@ class Checkpoint:
         index = sorted(folder.glob("*.safetensors.index.json"))
         if index:
             try:
-                weight_map = json.loads(index[0].read_text(encoding="utf-8"))["weight_map"]
+                weight_map = json.loads(read_regular(index[0]))["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ConvertError(f"{index[0]}: not a safetensors index ({e})") from None
             files = sorted({folder / f for f in weight_map.values()})
@@ -86,7 +87,7 @@ class Checkpoint:
     def _read_header(path: Path) -> dict[str, TensorInfo]:
         try:
             size = path.stat().st_size
-            with open(path, "rb") as fh:
+            with open_regular(path) as fh:
                 (n,) = struct.unpack("<Q", fh.read(8))
                 if n > size - 8:
                     raise ConvertError(f"{path}: safetensors header of {n} bytes exceeds the file")
@@ -292,7 +293,7 @@ def read_config(folder: Path) -> tuple[Config, bool]:
     """(text-model config, tie_word_embeddings)."""
     path = folder / "config.json"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(read_regular(path))
     except OSError as e:
         raise ConvertError(f"{path}: cannot read: {e.strerror or e}") from None
     except ValueError as e:
@@ -795,10 +796,10 @@ def main(argv: list[str] | None = None, prog: str = "convert.py") -> int:
         h = convert(args.hf_dir, args.out, wtype=args.wtype, f16_scales=args.f16_scales,
                     q8_mask=classes, q4_rule=args.q4_rule, imatrix=args.imatrix)
     except (ConvertError, mlb.MLBError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"mlconf: error: {e}", file=sys.stderr)
         return exits.USAGE
     except OSError as e:
-        print(f"error: {args.out}: {e.strerror or e}", file=sys.stderr)
+        print(f"mlconf: error: {args.out}: {e.strerror or e}", file=sys.stderr)
         return exits.USAGE
     print(f"wrote {args.out}: {h['n_layers']} layers, dim {h['dim']}, vocab {h['vocab']}, "
           f"{args.wtype}, {os.path.getsize(args.out)} bytes")

@@ -44,6 +44,7 @@ import numpy as np
 from mlconf.backends.reference import i2s
 from mlconf.tools import exits
 from mlconf.tools.convert import Checkpoint, ConvertError, _layer_types, read_config
+from mlconf.tools.files import read_regular
 
 I2_S_TYPE = 36
 I2_S_BLOCK = 128       # values per packed block (32 bytes)
@@ -215,7 +216,7 @@ def _pooling(folder: Path) -> str | None:
     if not mpath.exists():
         return None
     try:
-        modules = json.loads(mpath.read_text(encoding="utf-8"))
+        modules = json.loads(read_regular(mpath))
         pool = next((m for m in modules if m.get("type", "").endswith("models.Pooling")), None)
     except (OSError, ValueError, AttributeError, TypeError) as e:
         raise ConvertError(f"{mpath}: not a sentence-transformers modules list ({e})") from None
@@ -223,7 +224,7 @@ def _pooling(folder: Path) -> str | None:
         raise ConvertError(f"{mpath}: no sentence_transformers.models.Pooling module")
     ppath = folder / pool.get("path", "1_Pooling") / "config.json"
     try:
-        pcfg = json.loads(ppath.read_text(encoding="utf-8"))
+        pcfg = json.loads(read_regular(ppath))
     except (OSError, ValueError) as e:
         raise ConvertError(f"{ppath}: cannot read the pooling config ({e})") from None
     on = [k for k, v in pcfg.items() if k.startswith("pooling_mode_") and v is True]
@@ -268,7 +269,7 @@ def _looks_special(token: str) -> bool:
 def _read_tokenizer(folder: Path) -> tuple[Path, dict]:
     path = folder / "tokenizer.json"
     try:
-        tj = json.loads(path.read_text(encoding="utf-8"))
+        tj = json.loads(read_regular(path))
         if not isinstance(tj["model"]["vocab"], dict):
             raise TypeError("model.vocab is not an object")
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -399,7 +400,7 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
     if outtype not in OUTTYPES:
         raise ConvertError(f"--outtype {outtype!r} is not one of {', '.join(OUTTYPES)}")
     try:
-        top = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+        top = json.loads(read_regular(folder / "config.json")).get("model_type")
     except (OSError, ValueError, AttributeError):
         top = None   # read_config names the problem
     if top is not None and top not in ARCHS:
@@ -514,10 +515,10 @@ def main(argv: list[str] | None = None, prog: str = "convert_bitnet.py") -> int:
     try:
         s = convert(args.ckpt, args.out, args.outtype, f32_norms=args.f32_norms)
     except ConvertError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"mlconf: error: {e}", file=sys.stderr)
         return exits.USAGE
     except OSError as e:
-        print(f"error: {args.out}: {e.strerror or e}", file=sys.stderr)
+        print(f"mlconf: error: {args.out}: {e.strerror or e}", file=sys.stderr)
         return exits.USAGE
     print(f"wrote {args.out}: {s['arch']}, {s['n_layers']} layers, dim {s['dim']}, {args.outtype}, "
           f"pooling {s['pooling'] or 'unset'}, {os.path.getsize(args.out)} bytes")

@@ -57,6 +57,7 @@ from typing import Any
 
 from mlconf import specs
 from mlconf.tools import exits, mlt
+from mlconf.tools.files import read_regular
 from mlconf.tools.mlt import (
     ATTR_ADDED,
     ATTR_BYTE,
@@ -340,7 +341,7 @@ def _config(path: Path | None) -> dict:
     if path is None:
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular(path))
     except (OSError, json.JSONDecodeError) as e:
         raise ConvertError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
 
@@ -377,7 +378,7 @@ def build(json_path: str | os.PathLike, config_path: str | os.PathLike | None = 
     else:
         cfg_path = Path(config_path)
     try:
-        d = json.loads(json_path.read_text(encoding="utf-8"))
+        d = json.loads(read_regular(json_path))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConvertError(f"cannot read: {getattr(e, 'strerror', None) or e}") from e
     if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
@@ -501,14 +502,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "convert_tokenizer.py") 
     try:
         tok = convert(args.tokenizer_json, args.out, args.config)
     except (ConvertError, mlt.MLTError) as e:
-        print(f"error: {args.tokenizer_json}: {e}".replace("\n", " "), file=sys.stderr)
+        print(f"mlconf: error: {args.tokenizer_json}: {e}".replace("\n", " "), file=sys.stderr)
         return exits.USAGE
     except (KeyError, TypeError, AttributeError, IndexError) as e:  # a field of an unexpected shape
-        print(f"error: {args.tokenizer_json}: malformed tokenizer.json ({type(e).__name__}: {e})",
+        print(f"mlconf: error: {args.tokenizer_json}: malformed tokenizer.json ({type(e).__name__}: {e})",
               file=sys.stderr)
         return exits.USAGE
     except OSError as e:
-        print(f"error: {args.out}: {e.strerror or e}", file=sys.stderr)
+        print(f"mlconf: error: {args.out}: {e.strerror or e}", file=sys.stderr)
         return exits.USAGE
     print(mlt.info(tok, args.out))
     return 0

@@ -58,7 +58,10 @@ def read(path: str) -> Vocab:
     import gguf
 
     from mlconf.tools.convert_bitnet import register_i2s
-
+    from mlconf.tools.files import check_regular
+    why = check_regular(path)     # gguf-py maps the path: a FIFO would block (loader.special_files)
+    if why:
+        raise VocabError(f"{path}: cannot open: {why}")
     register_i2s()   # gguf-py learns the I2_S tensor type (36), else it refuses the file
     try:
         r = gguf.GGUFReader(path)
