@@ -140,9 +140,10 @@ def _forward_cases(target: specs.Version | None = None) -> list[Case]:
     out = []
     for npz in sorted((GOLDEN_DIR / "logits").glob("*.npz")):
         name = npz.stem
-        needs = versions.file_version(versions.read_head(npz.with_suffix(".mlb")))
+        head = versions.read_head(npz.with_suffix(".mlb"))
+        needs = versions.file_version(head)
         if target is not None and needs is not None and needs > target:
-            status, _ = versions.expected("ML_OK", "", versions.read_head(npz.with_suffix(".mlb")), target)
+            status, _ = versions.expected("ML_OK", "", head, target)
             out.append(Case(f"forward/{name}/refused_by_older", "forward", "load",
                             f"mlb_header.yaml#versions (golden/logits/{name}.mlb needs Krafla "
                             f"{specs.format_version(needs)})", "status", {"path": npz.with_suffix(".mlb")},

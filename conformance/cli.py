@@ -290,9 +290,8 @@ def cmd_run(args) -> int:
     import time
 
     from mlconf import cases, records, reports, runner, specs
-    from mlconf.backends import builtin_names
+    from mlconf.backends import BackendError, builtin_names
     start = time.perf_counter()
-    output_folder(args.report)         # before the run, not after it
     dup = sorted({n for n in args.backend or () if (args.backend or []).count(n) > 1})
     if dup:
         raise UsageError(f"-b {dup[0]}: named twice (each backend runs once)")
@@ -319,6 +318,7 @@ def cmd_run(args) -> int:
     if args.list:
         print("\n".join(c.id for c in selected))
         return exits.OK
+    output_folder(args.report)         # before the run, not after it
     from concurrent.futures import ThreadPoolExecutor
     names = args.backend or builtin_names()
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:  # worker processes start at once
@@ -330,7 +330,10 @@ def cmd_run(args) -> int:
     if target is not None:      # a backend with a version switch reads files as that version
         for b in backends:
             if hasattr(b, "set_target_version"):
-                b.set_target_version(target)
+                try:
+                    b.set_target_version(target)
+                except BackendError as e:
+                    raise UsageError(f"--target-version {args.target_version}: {e}") from None
     total = sum(1 for b in backends for c in selected if c.params.get("expected_from") != b.name)
     progress = Progress(total, gate)
     stop_on = (lambda r: records.failing(r.outcome, gate, r.capability)) if args.fail_fast else None
