@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mlconf import fixtures, specs, versions
+from mlconf.backends.reference import layout
 from mlconf.golden import GOLDEN_DIR
 
 AREAS = ("header", "loader", "quant", "forward", "tokenizer", "bitnet")
@@ -162,6 +163,34 @@ def _forward_cases(target: specs.Version | None = None) -> list[Case]:
         out.append(Case(f"forward/{name}/vs_reference", "forward", "forward",
                         f"tolerances.yaml#logits_runtime_vs_reference (golden/logits/{name})", "toleranced",
                         params, None))
+    return out
+
+
+def _fixture_run_cases(target: specs.Version | None = None) -> list[Case]:
+    """Every valid and accepted .mlb fixture fully loaded (ml_load: weights mapped, run-time state
+    allocated) and run for two tokens, prefilled and one by one, against the reference backend's
+    logits: a loader that accepts a file must also run it (issue 17). Fixtures a Krafla ``target``
+    cannot read are left out (their loader cases expect the refusal), and so are the files with NaN
+    or infinite weights: what a forward pass gives for them is not specified yet (the reference's
+    activation quantizer refuses a non-finite value; issue 17)."""
+    out = []
+    for f in fixtures.catalog():
+        if f.kind not in ("valid", "accepted") or not f.file.endswith(".mlb"):
+            continue
+        if any(not np.isfinite(float(op["poke"]["value"])) for op in f.mutate if "poke" in op):
+            continue
+        head = fixtures.head_bytes(f)
+        needs = versions.file_version(head)
+        if target is not None and needs is not None and needs > target:
+            continue
+        n = min(2, layout.parse_header(head)["max_seq"])      # minimal_dims holds one position
+        name = f.base if f.kind == "valid" else f.file.rsplit("/", 1)[-1].removesuffix(".mlb")
+        for mode in ("prefill", "decode"):
+            out.append(Case(f"forward/fixture/{f.kind}/{name}/{mode}", "forward", "forward",
+                            f"tolerances.yaml#logits_runtime_vs_reference ({f.file}, {n} tokens)",
+                            "toleranced",
+                            {"fixture": f, "tokens": np.arange(1, n + 1), "mode": mode,
+                             "tolerance": "logits_runtime_vs_reference", "expected_from": "reference"}))
     return out
 
 
@@ -426,7 +455,7 @@ def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | Non
     if "quant" in areas:
         out += _edge_cases() + _golden_cases()
     if "forward" in areas:
-        out += _forward_cases(target_version)
+        out += _forward_cases(target_version) + _fixture_run_cases(target_version)
     if "bitnet" in areas:
         out += bitnet_cases()
     if keyword:

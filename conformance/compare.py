@@ -18,16 +18,30 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def distances(got: np.ndarray, want: np.ndarray) -> dict:
-    """nmse, max_abs, max_ulp, differing element count and argmax agreement (rows = positions)."""
+    """nmse, max_abs, max_ulp, differing element count and argmax agreement (rows = positions).
+    Non-finite values (a file's NaN or infinite weights, decision loader.float_values) must stand
+    where the expectation has the same one: `nonfinite_mismatch` counts the places where they do
+    not (present only when there is a non-finite value); the other figures are over the places
+    finite in both."""
     got = np.asarray(got, np.float32)
     want = np.asarray(want, np.float32)
-    err = got.astype(np.float64) - want.astype(np.float64)
-    denom = float(np.mean(want.astype(np.float64) ** 2))
+    finite = np.isfinite(got) & np.isfinite(want)
+    extra = {}
+    if got.shape == want.shape and not finite.all():
+        same = (np.isnan(got) & np.isnan(want)) | (np.isinf(got) & (got == want))
+        extra["nonfinite_mismatch"] = int(np.count_nonzero(~finite & ~same))
+        got_f, want_f = got[finite], want[finite]
+    else:
+        got_f, want_f = got, want
+    err = got_f.astype(np.float64) - want_f.astype(np.float64)
+    mse = float(np.mean(err ** 2)) if err.size else 0.0
+    denom = float(np.mean(want_f.astype(np.float64) ** 2)) if want_f.size else 0.0
     out = {
-        "nmse": float(np.mean(err ** 2) / denom) if denom > 0 else float(np.mean(err ** 2)),
+        "nmse": mse / denom if denom > 0 else mse,
         "max_abs": float(np.max(np.abs(err))) if err.size else 0.0,
-        "max_ulp": ulp_distance(got, want),
-        "differ": int(np.count_nonzero(got != want)),
+        "max_ulp": ulp_distance(got_f, want_f),
+        "differ": int(np.count_nonzero(~((got == want) | (np.isnan(got) & np.isnan(want))))),
+        **extra,
     }
     if got.ndim == 2:
         out["argmax"] = float(np.mean(got.argmax(axis=1) == want.argmax(axis=1)))
@@ -60,6 +74,8 @@ def within(kind: str, d: dict) -> tuple[bool, str]:
     """Whether distances ``d`` pass tolerance ``kind``; the text names each metric over its bound."""
     tol = tolerance(kind)
     over = []
+    if d.get("nonfinite_mismatch"):
+        over.append(f"{d['nonfinite_mismatch']} non-finite values where the expectation differs")
     for metric in ("nmse", "max_abs", "max_ulp"):
         if metric in tol and not d[metric] <= tol[metric]:
             over.append(f"{metric} {d[metric]:.3g} > {tol[metric]:.3g}")

@@ -163,6 +163,14 @@ def mutate(data: bytes, ops: list[dict]) -> bytes:
     return bytes(b)
 
 
+def head_bytes(f: Fixture) -> bytes:
+    """The header and layer-flag bytes of a .mlb fixture, from its spec alone (nothing written):
+    what versions.features reads, for deciding at collection time what a version can load."""
+    spec = base_specs()[f.base]
+    head = layout.pack_header(mlb.full_header(spec["header"])) + bytes(spec.get("flags") or [])
+    return mutate(head, f.mutate)[: len(head)]
+
+
 def _path_kind(ops: list[dict]) -> str | None:
     return next((op["path"] for op in ops if "path" in op), None)
 

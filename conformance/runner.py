@@ -19,7 +19,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -486,6 +486,8 @@ def _run_case(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
             r.detail = f"{len(got)} ids identical" if first is None else _ids_detail(case, work, got, first)
             r.metrics = {"first_diff": first, "len_expected": len(case.expected), "len_got": len(got)}
         elif case.compare == "toleranced":
+            if "fixture" in case.params:      # a generated model: its path in this run's fixtures
+                case = replace(case, params={**case.params, "model": work.path(case.params["fixture"])})
             want = case.expected if case.expected is not None else work.expected_logits(case)
             r.output = _run_forward(case, backend)
             r.metrics = distances(r.output, want)

@@ -147,3 +147,21 @@ def test_outputs_and_byte_distances_for_the_matrix():
     assert len(act.output) == 3 and act.metrics["first_diff"] is None
     assert runner.byte_distance(b"abcd", b"abXdZ") == {"differ": 2, "first_diff": 2}
     assert runner.byte_distance(b"ab", b"ab") == {"differ": 0, "first_diff": None}
+
+
+def test_distances_compare_non_finite_values_in_place():
+    """A NaN or infinity must stand where the expectation has the same one; the rest is compared
+    as usual (compare.distances, the two-token runs of files with any weights)."""
+    from mlconf.compare import distances, within
+    want = np.array([[1.0, np.nan, np.inf], [2.0, 3.0, -np.inf]], np.float32)
+    same = distances(want.copy(), want)
+    assert same["nonfinite_mismatch"] == 0 and same["differ"] == 0 and same["max_abs"] == 0
+    assert within("logits_runtime_vs_reference", same)[0]
+    moved = want.copy()
+    moved[0, 1], moved[0, 0] = 1.0, np.nan
+    d = distances(moved, want)
+    assert d["nonfinite_mismatch"] == 2 and not within("logits_runtime_vs_reference", d)[0]
+    flipped = want.copy()
+    flipped[1, 2] = np.inf
+    assert distances(flipped, want)["nonfinite_mismatch"] == 1
+    assert "nonfinite_mismatch" not in distances(np.ones(3, np.float32), np.ones(3, np.float32))

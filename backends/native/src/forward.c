@@ -619,15 +619,18 @@ int ml_forward_init(struct ml_model *m) {
 
     size_t ctx = (size_t)m->ctx, B = m->ctx < CHUNK ? (size_t)m->ctx : CHUNK;
     size_t dim = h->dim, hid = h->hidden_dim, qd = (size_t)m->q_dim, kvd = (size_t)m->kv_dim;
-    size_t qkv = (size_t)m->lin_qkv, vw = (size_t)m->lin_v_width, V = h->lin_v_heads;
+    /* The lin_* fields size anything only when a layer is linear (m->lin_qkv > 0 then, 0 else):
+     * a file without linear layers may hold any value there (decision header.linear). */
+    bool linear = m->lin_qkv > 0;
+    size_t qkv = (size_t)m->lin_qkv, vw = (size_t)m->lin_v_width, V = linear ? h->lin_v_heads : 0;
     size_t half = (size_t)(m->rot_dim / 2);
     size_t wide_q = qd > qkv ? qd : qkv, wide_o = qd > vw ? qd : vw;
     size_t in_cols = max4(dim, qd, hid, vw); /* the widest matrix input */
     bool ovf = false, ok = true;             /* a size that overflows is an allocation failure */
     size_t cache = ml_mul_size(ctx, kvd, &ovf);
     s->chunk = (int)B;
-    s->conv_len = ml_mul_size(h->lin_conv > 0 ? h->lin_conv - 1 : 0, qkv, &ovf);
-    s->S_len = ml_mul_size(V, ml_mul_size(h->lin_k_dim, h->lin_v_dim, &ovf), &ovf);
+    s->conv_len = linear ? ml_mul_size(h->lin_conv - 1, qkv, &ovf) : 0;
+    s->S_len = linear ? ml_mul_size(V, ml_mul_size(h->lin_k_dim, h->lin_v_dim, &ovf), &ovf) : 0;
 
     s->layers = alloc(h->n_layers, sizeof *s->layers, &ok);
     for (uint32_t l = 0; ok && !ovf && l < h->n_layers; l++) {
