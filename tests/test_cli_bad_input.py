@@ -325,3 +325,21 @@ def test_ctx_on_the_command_line(work, ctx):
     else:
         assert_one_error(rc, err, exits.USAGE, "--ctx")
     (work / "l.npy").unlink(missing_ok=True)
+
+
+def test_a_cmd_backend_without_load(work):
+    """Row 5 on a cmd: runtime: the .mlb path checks the capability as the .mlt path does."""
+    prog = Path(__file__).resolve().parents[1] / "examples" / "cmd_runtime" / "q8_runtime.py"
+    rc, _, err = run(work, "load", "llama.mlb", "-b", f"cmd:{sys.executable} {prog}")
+    assert_one_error(rc, err, exits.USAGE, "no load capability")
+
+
+def test_bench_tokenizer_keeps_native_without_hf(work, monkeypatch):
+    """Row 25: without HF tokenizers the reference and native rows remain."""
+    from mlconf import bench
+    from mlconf.backends.native import LIBRARY
+    monkeypatch.setitem(sys.modules, "tokenizers", None)      # import tokenizers -> ImportError
+    rows = bench.tokenizer_bench(str(work / "tok.mlt"), str(work / "absent.json"), n_bytes=2000, repeat=1)
+    impls = [r["impl"] for r in rows]
+    assert "HF tokenizers" not in impls and impls[0] == "reference"
+    assert ("native" in impls) == LIBRARY.exists()
