@@ -40,6 +40,7 @@ typedef struct {
 typedef struct {
     layer_state *layers;
     int linear;                 /* the model has linear layers: it cannot rewind */
+    size_t bytes;               /* everything ml_forward_init allocated (the memory bound's test) */
     int chunk;                  /* tokens per pass */
     size_t conv_len, S_len;     /* floats of one linear layer's conv and S */
     double *inv_freq[2];        /* rot_dim/2 inverse frequencies: [0] the model's RoPE, [1] the local base */
@@ -65,9 +66,11 @@ static size_t max4(size_t a, size_t b, size_t c, size_t d) {
 }
 
 /* zeroed n x size bytes; on failure (or an n x size that overflows) NULL and *ok = false */
-static void *alloc(size_t n, size_t size, bool *ok) {
+/* calloc of n elements; *ok false on failure; the bytes are added to *total (when given). */
+static void *alloc(size_t n, size_t size, bool *ok, size_t *total) {
     void *p = size && n > SIZE_MAX / size ? NULL : calloc(n ? n : 1, size);
     if (!p) *ok = false;
+    else if (total) *total += (n ? n : 1) * size;
     return p;
 }
 
@@ -632,36 +635,36 @@ int ml_forward_init(struct ml_model *m) {
     s->conv_len = linear ? ml_mul_size(h->lin_conv - 1, qkv, &ovf) : 0;
     s->S_len = linear ? ml_mul_size(V, ml_mul_size(h->lin_k_dim, h->lin_v_dim, &ovf), &ovf) : 0;
 
-    s->layers = alloc(h->n_layers, sizeof *s->layers, &ok);
+    s->layers = alloc(h->n_layers, sizeof *s->layers, &ok, &s->bytes);
     for (uint32_t l = 0; ok && !ovf && l < h->n_layers; l++) {
         layer_state *L = &s->layers[l];
         if (m->layers[l].flags & 8) {
             s->linear = 1;
-            L->conv = alloc(s->conv_len, sizeof(float), &ok);
-            L->S = alloc(s->S_len, sizeof(float), &ok);
+            L->conv = alloc(s->conv_len, sizeof(float), &ok, &s->bytes);
+            L->S = alloc(s->S_len, sizeof(float), &ok, &s->bytes);
         } else {
-            L->k = alloc(cache, sizeof(float), &ok);
-            L->v = alloc(cache, sizeof(float), &ok);
+            L->k = alloc(cache, sizeof(float), &ok, &s->bytes);
+            L->v = alloc(cache, sizeof(float), &ok, &s->bytes);
         }
     }
     for (int kind = 0; kind < 2; kind++) {
-        s->inv_freq[kind] = alloc(half, sizeof(double), &ok);
-        s->cos[kind] = alloc(ml_mul_size(B, half, &ovf), sizeof(float), &ok);
-        s->sin[kind] = alloc(ml_mul_size(B, half, &ovf), sizeof(float), &ok);
+        s->inv_freq[kind] = alloc(half, sizeof(double), &ok, &s->bytes);
+        s->cos[kind] = alloc(ml_mul_size(B, half, &ovf), sizeof(float), &ok, &s->bytes);
+        s->sin[kind] = alloc(ml_mul_size(B, half, &ovf), sizeof(float), &ok, &s->bytes);
     }
-    s->x = alloc(ml_mul_size(B, dim, &ovf), sizeof(float), &ok);
-    s->xb = alloc(ml_mul_size(B, dim, &ovf), sizeof(float), &ok);
-    s->xb2 = alloc(ml_mul_size(B, dim, &ovf), sizeof(float), &ok);
-    s->q = alloc(ml_mul_size(B, wide_q, &ovf), sizeof(float), &ok);
-    s->gate = alloc(ml_mul_size(B, wide_o, &ovf), sizeof(float), &ok);
-    s->o = alloc(ml_mul_size(B, wide_o, &ovf), sizeof(float), &ok);
-    s->hb = alloc(ml_mul_size(B, hid, &ovf), sizeof(float), &ok);
-    s->hb2 = alloc(ml_mul_size(B, hid, &ovf), sizeof(float), &ok);
-    s->beta = alloc(ml_mul_size(B, V, &ovf), sizeof(float), &ok);
-    s->g = alloc(ml_mul_size(B, V, &ovf), sizeof(float), &ok);
-    s->att = alloc(ml_mul_size(h->n_heads, ctx, &ovf), sizeof(float), &ok);
-    s->xq = alloc(ml_mul_size(B, in_cols, &ovf), 1, &ok);
-    s->xd = alloc(ml_mul_size(B, in_cols / QK, &ovf), sizeof(float), &ok);
+    s->x = alloc(ml_mul_size(B, dim, &ovf), sizeof(float), &ok, &s->bytes);
+    s->xb = alloc(ml_mul_size(B, dim, &ovf), sizeof(float), &ok, &s->bytes);
+    s->xb2 = alloc(ml_mul_size(B, dim, &ovf), sizeof(float), &ok, &s->bytes);
+    s->q = alloc(ml_mul_size(B, wide_q, &ovf), sizeof(float), &ok, &s->bytes);
+    s->gate = alloc(ml_mul_size(B, wide_o, &ovf), sizeof(float), &ok, &s->bytes);
+    s->o = alloc(ml_mul_size(B, wide_o, &ovf), sizeof(float), &ok, &s->bytes);
+    s->hb = alloc(ml_mul_size(B, hid, &ovf), sizeof(float), &ok, &s->bytes);
+    s->hb2 = alloc(ml_mul_size(B, hid, &ovf), sizeof(float), &ok, &s->bytes);
+    s->beta = alloc(ml_mul_size(B, V, &ovf), sizeof(float), &ok, &s->bytes);
+    s->g = alloc(ml_mul_size(B, V, &ovf), sizeof(float), &ok, &s->bytes);
+    s->att = alloc(ml_mul_size(h->n_heads, ctx, &ovf), sizeof(float), &ok, &s->bytes);
+    s->xq = alloc(ml_mul_size(B, in_cols, &ovf), 1, &ok, &s->bytes);
+    s->xd = alloc(ml_mul_size(B, in_cols / QK, &ovf), sizeof(float), &ok, &s->bytes);
     if (!ok || ovf) {
         ml_forward_free(m);
         return ML_E_NOMEM;
@@ -669,6 +672,10 @@ int ml_forward_init(struct ml_model *m) {
     rope_inv_freq(h, m->rot_dim, 0, s->inv_freq[0]);
     rope_inv_freq(h, m->rot_dim, 1, s->inv_freq[1]);
     return ML_OK;
+}
+
+size_t ml_forward_state_bytes(const struct ml_model *m) {
+    return m && m->state ? ((const fstate *)m->state)->bytes + sizeof(fstate) : 0;
 }
 
 void ml_forward_free(struct ml_model *m) {
@@ -707,7 +714,7 @@ ML_API int ml_imatrix_start(ml_model *m) {
     bool ovf = false, ok = true;
     size_t len = im_len(m, &ovf);
     if (ovf) return ML_E_NOMEM;
-    if (!m->imatrix) m->imatrix = alloc(len, sizeof(double), &ok);
+    if (!m->imatrix) m->imatrix = alloc(len, sizeof(double), &ok, NULL);
     else memset(m->imatrix, 0, len * sizeof(double));
     if (!ok) return ML_E_NOMEM;
     m->im_tokens = m->im_tokens_cls = 0;

@@ -10,4 +10,8 @@
  * The importance-matrix sums, if collecting, are kept (they add over resets, as llama-imatrix). */
 void ml_forward_reset(struct ml_model *m);
 
+/* Bytes ml_forward_init allocated for the run-time state (KV cache, linear-attention state,
+ * scratch); 0 without one. The bound it keeps is decision runtime.memory_bound. */
+size_t ml_forward_state_bytes(const struct ml_model *m);
+
 #endif

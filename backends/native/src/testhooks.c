@@ -11,11 +11,15 @@
  *   "dot4_q4_0":     as dot4_q8_0 with a = uint8 w[n / 2].
  * Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown op) or ML_E_UNSUPPORTED (ISA not built or not
  * runnable on this CPU). The ISA in use (ml_isa) is not changed.
+ *
+ * size_t mlrt_test_state_bytes(const ml_model *m): the bytes of m's run-time state
+ * (decision runtime.memory_bound; tests/test_native_memory.py).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "../include/mlrt.h"
+#include "forward.h"
 #include "kernels.h"
 #include "unicode.h"
 #include "util.h"
@@ -121,3 +125,7 @@ ML_API int mlrt_test_unicode(const char *op, const void *in, size_t n, void *out
     }
     return ML_E_ARG;
 }
+
+ML_API size_t mlrt_test_state_bytes(const ml_model *m);
+
+ML_API size_t mlrt_test_state_bytes(const ml_model *m) { return ml_forward_state_bytes(m); }
