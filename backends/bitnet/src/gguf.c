@@ -304,7 +304,7 @@ int gguf_open(const char *path, gguf_file *g, char *reason, size_t reason_len) {
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        ml_reason(reason, reason_len, "%s: cannot open: %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
+        ml_reason(reason, reason_len, "%s: cannot open: %s", path, ml_file_kind(st.st_mode));
         return ML_E_IO;
     }
     if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {

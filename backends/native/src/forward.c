@@ -65,8 +65,8 @@ static size_t max4(size_t a, size_t b, size_t c, size_t d) {
     return m > d ? m : d;
 }
 
-/* zeroed n x size bytes; on failure (or an n x size that overflows) NULL and *ok = false */
-/* calloc of n elements; *ok false on failure; the bytes are added to *total (when given). */
+/* zeroed n x size bytes, added to *total (when given); on failure (or an n x size that
+ * overflows) NULL and *ok = false */
 static void *alloc(size_t n, size_t size, bool *ok, size_t *total) {
     void *p = size && n > SIZE_MAX / size ? NULL : calloc(n ? n : 1, size);
     if (!p) *ok = false;

@@ -85,6 +85,12 @@ static inline int ml_fail(const ml_report *r, int status, const char *rule, cons
     return status;
 }
 
+/* What a file that is not a regular one is, for a reason text (decision loader.special_files). */
+static inline const char *ml_file_kind(mode_t m) {
+    return S_ISDIR(m) ? "is a directory" : S_ISFIFO(m) ? "is a FIFO" : S_ISCHR(m) ? "is a character device"
+           : S_ISBLK(m) ? "is a block device" : S_ISSOCK(m) ? "is a socket" : "is not a regular file";
+}
+
 /* Open r->path read-only as a regular file: *fd and *st on ML_OK; else ML_E_IO "io.open" with
  * the reason (missing, unreadable, a directory, a device). O_NONBLOCK: a FIFO must not hang the
  * loader (no effect on regular files). */
@@ -98,10 +104,7 @@ static inline int ml_open_regular(const ml_report *r, int *fd, struct stat *st) 
     }
     if (!S_ISREG(st->st_mode)) {   /* decision loader.special_files */
         close(*fd);
-        mode_t m = st->st_mode;
-        return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s",
-                       S_ISDIR(m) ? "is a directory" : S_ISFIFO(m) ? "is a FIFO" : S_ISCHR(m) ? "is a character device"
-                       : S_ISBLK(m) ? "is a block device" : S_ISSOCK(m) ? "is a socket" : "not a regular file");
+        return ml_fail(r, ML_E_IO, "io.open", "cannot open: %s", ml_file_kind(st->st_mode));
     }
     return ML_OK;
 }
