@@ -587,6 +587,38 @@ def cmd_convert(args) -> int:
     return convert.main(args.args, prog="mlconf convert")
 
 
+def cmd_fuzz(args) -> int:
+    import time
+
+    from mlconf import fuzz, reports
+    if args.count is not None and args.time is not None:
+        raise UsageError("--count and --time: give one (the count and the seed reproduce a campaign)")
+    if args.corpus is not None:
+        output_folder(args.corpus)
+    output_folder(args.report)
+    b = _backend(args.backend)
+    start = time.perf_counter()
+    campaigns, results = [], []
+    for area in args.area or ["loader", "tokenizer"]:
+        cap, _ = fuzz.AREAS[area]
+        if cap not in b.capabilities:
+            raise UsageError(f"backend {b.name} has no {cap} capability (fuzz --area {area})")
+        count = args.count if args.count is not None or args.time is not None else 1000
+        c = fuzz.run(b, area, args.seed, count, args.time, Path(args.corpus) if args.corpus else None)
+        campaigns.append(c)
+        results += [fuzz.summary_result(c, b.name), *c.failures]
+        for r in c.failures:
+            print(f"{r.outcome.upper()} {b.name} {r.case}: {r.spec}: {r.detail}", file=sys.stderr)
+        print(f"{area}: {c.mutants} mutants, {c.agreed} with the reference's status, {len(c.failures)} "
+              f"failing; {c.seconds:.1f} s ({c.mutants / max(c.seconds, 1e-9):.0f} mutants/s)")
+    if args.corpus:
+        print(f"reproducers: {fuzz.write_manifest(Path(args.corpus), campaigns)}")
+    doc = reports.build(results, [b], [c.area for c in campaigns], None, False, 1)
+    written = reports.write(doc, args.report, wall=time.perf_counter() - start)
+    print(f"reports: {', '.join(str(p) for p in written)}")
+    return exits.FAILED if any(c.failures for c in campaigns) else exits.OK
+
+
 def cmd_bench(args) -> int:
     from mlconf import bench, bench_output
     if args.what == "llama-cmake-args":
@@ -799,6 +831,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="BitNet embedding checkpoint -> GGUF f32/f16/i2_s (tools/convert_bitnet.py)")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_convert_bitnet)
+
+    p = sub.add_parser("fuzz", help="differential fuzzing of a backend's loaders against the reference")
+    p.add_argument("-b", "--backend", required=True, help="the backend under test")
+    p.add_argument("--area", action="append", choices=["loader", "tokenizer"],
+                   help="repeatable; default both")
+    p.add_argument("--count", type=int_in(1, 10**9), metavar="N", help="mutants per area (default 1000)")
+    p.add_argument("--time", type=seconds, metavar="S",
+                   help="instead of --count: mutants for S seconds per area")
+    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="the campaign's seed (default 0)")
+    p.add_argument("--corpus", metavar="DIR",
+                   help="write each failing mutant, shrunk, and manifest.json here")
+    p.add_argument("--report", default="reports", metavar="DIR",
+                   help="folder of results.json, summary.md, junit.xml, report.html (default: %(default)s)")
+    p.set_defaults(fn=cmd_fuzz)
 
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
     p.add_argument("what", nargs="?", default="all",

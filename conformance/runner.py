@@ -449,7 +449,8 @@ def _run_case(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
                                                   case.params["target_version"])
                 r.expected = expected
             if case.capability == "load_tokenizer":
-                got = backend.load_tokenizer(path, model_vocab=fx.model_vocab)
+                vocab = fx.model_vocab if fx is not None else case.params.get("model_vocab")
+                got = backend.load_tokenizer(path, model_vocab=vocab)
             else:
                 got = backend.load(path)
             r.got = got.status

@@ -1,0 +1,80 @@
+"""`mlconf fuzz` (conformance/fuzz.py): seeded mutants in the fixtures' own mutation vocabulary,
+the same sequence for the same seed; native agrees with the reference on every mutant; a broken
+runtime (examples/crash: a loader that checks the magic only) is caught, each failure shrunk to
+the fewest mutations, written as a reproducer and reported as records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mlconf import cli, fuzz, reports
+from mlconf.backends import get
+from mlconf.backends.reference import ReferenceBackend
+from mlconf.tools import exits
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_seed_fixes_the_mutants():
+    for area in fuzz.AREAS:
+        a, b = fuzz.mutants(area, 7), fuzz.mutants(area, 7)
+        first = [a() for _ in range(50)]
+        assert [(x.name, ops) for x, ops in first] == [(x.name, ops) for x, ops in (b() for _ in range(50))]
+        assert first != [fuzz.mutants(area, 8)() for _ in range(50)]
+        kinds = {next(iter(op)) for _, ops in first for op in ops}
+        assert kinds <= {"raw", "truncate_to", "append"}     # the fixtures' own mutations
+
+
+@pytest.mark.parametrize("area", list(fuzz.AREAS))
+def test_native_agrees_with_the_reference(area):
+    b = get("native")
+    try:
+        c = fuzz.run(b, area, seed=11, count=400)
+    finally:
+        b.close()
+    assert c.mutants == 400 and c.agreed == 400, [r.spec for r in c.failures[:3]]
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc to build examples/crash")
+    so = tmp_path_factory.mktemp("broken") / "crash.so"
+    subprocess.run(["gcc", "-std=c11", "-shared", "-fPIC", "-I", str(ROOT / "backends/native/include"),
+                    str(ROOT / "examples/crash/crash.c"), "-o", str(so)], check=True)
+    return so
+
+
+def test_a_broken_loader_is_found_shrunk_and_reported(broken, tmp_path, capsys):
+    corpus, report = tmp_path / "corpus", tmp_path / "report"
+    rc = cli.main(["fuzz", "-b", f"lib:{broken}", "--area", "loader", "--count", "150", "--seed", "3",
+                   "--corpus", str(corpus), "--report", str(report)])
+    assert rc == exits.FAILED
+    doc = json.loads((corpus / "manifest.json").read_text(encoding="utf-8"))
+    found = doc["reproducers"]
+    assert len(found) > 20 and all(1 <= len(r["mutate"]) <= 3 for r in found)
+    assert sum(len(r["mutate"]) == 1 for r in found) > len(found) // 2      # shrunk
+    bases = {b.name: b for b in fuzz.bases("loader")}
+    ref = ReferenceBackend()
+    for r in found:       # each reproducer is its file, and the reference says what the manifest says
+        data = (corpus / r["file"]).read_bytes()
+        assert fuzz.apply(bases[r["base"]].data, r["mutate"]) == data
+        assert ref.load(str(corpus / r["file"])).status == r["expected"] != r["got"]
+    results = reports.load(report / "results.json")
+    failing = [x for x in results["records"] if x["outcome"] == "fail"]
+    assert len(failing) == len(found) + 1          # each reproducer, and the campaign's record
+    regressed, fixed = reports.diff(results, results)
+    assert regressed == [] and fixed == []
+    assert "failing" in capsys.readouterr().out
+
+
+def test_fuzz_usage(tmp_path, capsys):
+    assert cli.main(["fuzz", "-b", "bitnet", "--area", "loader", "--report", str(tmp_path)]) == exits.USAGE
+    assert "no load capability" in capsys.readouterr().err
+    both = ["fuzz", "-b", "native", "--count", "5", "--time", "1", "--report", str(tmp_path)]
+    assert cli.main(both) == exits.USAGE
