@@ -30,3 +30,18 @@ def test_loader_and_forward_under_sanitizers(sanitized, tmp_path, monkeypatch):
     bad = [(r.case, r.outcome, r.detail[:300]) for r in results if r.outcome != "pass"]
     assert not bad, bad
     assert len(results) == len([c for c in sel if c.params.get("expected_from") != backend.name])
+
+
+@pytest.mark.parametrize("area", ["loader", "tokenizer"])
+def test_fuzz_smoke_under_sanitizers(sanitized, monkeypatch, area):
+    """A bounded fuzz campaign (issue 17's CI smoke run) against the sanitized library: a sanitizer
+    report aborts the worker, a crash outcome; every mutant must give the reference's status."""
+    from mlconf import fuzz
+    monkeypatch.setenv("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
+    monkeypatch.setenv("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
+    backend = get(f"lib:{sanitized}")
+    try:
+        c = fuzz.run(backend, area, seed=20261201, count=2000)
+    finally:
+        backend.close()
+    assert c.agreed == c.mutants == 2000, [(r.outcome, r.spec, r.detail[:200]) for r in c.failures[:3]]
