@@ -604,7 +604,8 @@ def cmd_fuzz(args) -> int:
         if cap not in b.capabilities:
             raise UsageError(f"backend {b.name} has no {cap} capability (fuzz --area {area})")
         count = args.count if args.count is not None or args.time is not None else 1000
-        c = fuzz.run(b, area, args.seed, count, args.time, Path(args.corpus) if args.corpus else None)
+        corpus = Path(args.corpus) if args.corpus else None
+        c = fuzz.run_parallel(b, area, args.seed, count, args.time, corpus, args.jobs)
         campaigns.append(c)
         results += [fuzz.summary_result(c, b.name), *c.failures]
         for r in c.failures:
@@ -842,6 +843,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="the campaign's seed (default 0)")
     p.add_argument("--corpus", metavar="DIR",
                    help="write each failing mutant, shrunk, and manifest.json here")
+    p.add_argument("--jobs", "-j", type=int_in(1, 1024), default=1, metavar="N",
+                   help="N forked processes, each with its own worker (the same mutants and records)")
     p.add_argument("--report", default="reports", metavar="DIR",
                    help="folder of results.json, summary.md, junit.xml, report.html (default: %(default)s)")
     p.set_defaults(fn=cmd_fuzz)

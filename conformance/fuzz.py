@@ -153,23 +153,31 @@ def shrink(area, reference, backend, work: Workdir, base: Base, ops: list[dict],
 
 
 def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, seconds: float | None = None,
-        corpus: Path | None = None, progress: Callable[[Campaign], None] | None = None) -> Campaign:
-    """One campaign: ``count`` mutants (or as many as fit in ``seconds``) of ``area`` on ``backend``."""
+        corpus: Path | None = None, part: tuple[int, int] = (0, 1)) -> Campaign:
+    """One campaign: ``count`` mutants (or as many as fit in ``seconds``) of ``area`` on ``backend``.
+    ``part`` (k, n): only the mutants whose index is k modulo n (run_parallel's share): every part
+    draws the whole sequence, so mutant i is the same whatever n is."""
+    if count is None and seconds is None:
+        raise ValueError("fuzz.run: a count or a number of seconds is needed")
     from mlconf.backends.reference import ReferenceBackend
     reference = ReferenceBackend()
     cap, suffix = AREAS[area]
+    k, n = part
     c = Campaign(area, seed)
     draw = mutants(area, seed)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mlconf-fuzz-") as tmp:
         work = Workdir(tmp)
         path = Path(tmp) / f"mutant{suffix}"
-        def more() -> bool:
-            return ((count is None or c.mutants < count)
-                    and (seconds is None or time.perf_counter() - start < seconds))
-        while more():
+        index = -1
+        while True:
+            index += 1
+            if (count is not None and index >= count) or (seconds is not None and
+                                                          time.perf_counter() - start >= seconds):
+                break
             base, ops = draw()
-            index = c.mutants
+            if index % n != k:
+                continue
             c.mutants += 1
             path.write_bytes(apply(base.data, ops))
             cid = f"fuzz/{area}/seed{seed}/{index}"
@@ -177,23 +185,54 @@ def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, 
             status, res = _judge(area, reference, backend, work, path, cid, spec)
             if res.outcome == "pass":
                 c.agreed += 1
-            else:
-                ops = shrink(area, reference, backend, work, base, ops, path)
-                path.write_bytes(apply(base.data, ops))
-                spec = f"fuzz seed {seed} mutant {index} of {base.name}, shrunk: {json.dumps(ops)}"
-                status, res = _judge(area, reference, backend, work, path, cid, spec)
-                c.failures.append(res)
-                entry = {"file": f"{area}/seed{seed}-{index}{suffix}", "base": base.name, "mutate": ops,
-                         "expected": status, "got": res.got, "outcome": res.outcome, "backend": backend.name,
-                         "detail": res.detail}
-                c.reproducers.append(entry)
-                if corpus is not None:
-                    from mlconf.tools.mlb import atomic_write
-                    (corpus / area).mkdir(parents=True, exist_ok=True)
-                    atomic_write(corpus / entry["file"], [path.read_bytes()])
-            if progress:
-                progress(c)
+                continue
+            ops = shrink(area, reference, backend, work, base, ops, path)
+            path.write_bytes(apply(base.data, ops))
+            spec = f"fuzz seed {seed} mutant {index} of {base.name}, shrunk: {json.dumps(ops)}"
+            status, res = _judge(area, reference, backend, work, path, cid, spec)
+            c.failures.append(res)
+            entry = {"file": f"{area}/seed{seed}-{index}{suffix}", "index": index, "base": base.name,
+                     "mutate": ops, "expected": status, "got": res.got, "outcome": res.outcome,
+                     "backend": backend.name, "detail": res.detail}
+            c.reproducers.append(entry)
+            if corpus is not None:
+                from mlconf.tools.mlb import atomic_write
+                (corpus / area).mkdir(parents=True, exist_ok=True)
+                atomic_write(corpus / entry["file"], [path.read_bytes()])
         work.close()
+    c.seconds = time.perf_counter() - start
+    return c
+
+
+def _part(name: str, timeout: float | None, args: tuple) -> Campaign:
+    """A forked worker of run_parallel: a fresh backend of that name (its own worker process)."""
+    from mlconf.backends import get
+    b = get(name)
+    if timeout is not None and hasattr(b, "timeout"):
+        b.timeout = timeout
+    try:
+        return run(b, *args)
+    finally:
+        getattr(b, "close", lambda: None)()
+
+
+def run_parallel(backend, area: str, seed: int, count: int | None, seconds: float | None,
+                 corpus: Path | None, jobs: int) -> Campaign:
+    """run() over ``jobs`` forked processes, each on every jobs-th mutant: the mutants, failures
+    and reproducers of a serial run (in index order); with ``seconds``, each part runs that long."""
+    if jobs <= 1:
+        return run(backend, area, seed, count, seconds, corpus)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    start = time.perf_counter()
+    timeout = getattr(backend, "timeout", None)
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        parts = list(pool.map(_part, [backend.name] * jobs, [timeout] * jobs,
+                              [(area, seed, count, seconds, corpus, (k, jobs)) for k in range(jobs)]))
+    c = Campaign(area, seed, sum(p.mutants for p in parts), sum(p.agreed for p in parts))
+    order = sorted(((r, e) for p in parts for r, e in zip(p.failures, p.reproducers, strict=True)),
+                   key=lambda t: t[1]["index"])
+    c.failures, c.reproducers = [r for r, _ in order], [e for _, e in order]
     c.seconds = time.perf_counter() - start
     return c
 

@@ -78,3 +78,16 @@ def test_fuzz_usage(tmp_path, capsys):
     assert "no load capability" in capsys.readouterr().err
     both = ["fuzz", "-b", "native", "--count", "5", "--time", "1", "--report", str(tmp_path)]
     assert cli.main(both) == exits.USAGE
+
+
+def test_jobs_give_the_serial_campaign(broken):
+    """-j 2: the same mutants, failures and reproducers as one process (mutant i is the same)."""
+    b = get(f"lib:{broken}")
+    try:
+        serial = fuzz.run(b, "loader", seed=5, count=60)
+        par = fuzz.run_parallel(b, "loader", seed=5, count=60, seconds=None, corpus=None, jobs=2)
+    finally:
+        b.close()
+    assert (par.mutants, par.agreed) == (serial.mutants, serial.agreed) == (60, serial.agreed)
+    assert par.reproducers == serial.reproducers and serial.reproducers
+    assert [r.case for r in par.failures] == [r.case for r in serial.failures]
