@@ -835,8 +835,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fuzz", help="differential fuzzing of a backend's loaders against the reference")
     p.add_argument("-b", "--backend", required=True, help="the backend under test")
-    p.add_argument("--area", action="append", choices=["loader", "tokenizer"],
-                   help="repeatable; default both")
+    p.add_argument("--area", action="append", choices=["loader", "tokenizer", "forward"],
+                   help="repeatable; default loader and tokenizer (forward: random valid models)")
     p.add_argument("--count", type=int_in(1, 10**9), metavar="N", help="mutants per area (default 1000)")
     p.add_argument("--time", type=seconds, metavar="S",
                    help="instead of --count: mutants for S seconds per area")

@@ -28,7 +28,7 @@ from mlconf import byte_ops, fixtures, mlt_fixtures, specs
 from mlconf.cases import Case
 from mlconf.runner import Result, Workdir, run_case
 
-AREAS = {"loader": ("load", ".mlb"), "tokenizer": ("load_tokenizer", ".mlt")}
+AREAS = {"loader": ("load", ".mlb"), "tokenizer": ("load_tokenizer", ".mlt"), "forward": ("forward", ".mlb")}
 U32_VALUES = (0, 1, 2, 3, 4, 7, 8, 31, 32, 33, 64, 255, 256, 65535, 65536, 2**24, 2**24 + 1,
               2**31 - 1, 2**31, 2**32 - 32, 2**32 - 1)
 F32_VALUES = (float("nan"), float("inf"), float("-inf"), -0.0, -1.0, 1e-45, 3.4e38, 0.5, 1e4)
@@ -159,6 +159,8 @@ def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, 
     draws the whole sequence, so mutant i is the same whatever n is."""
     if count is None and seconds is None:
         raise ValueError("fuzz.run: a count or a number of seconds is needed")
+    if area == "forward":
+        return forward_campaign(backend, seed, count, seconds, corpus, part)
     from mlconf.backends.reference import ReferenceBackend
     reference = ReferenceBackend()
     cap, suffix = AREAS[area]
@@ -235,6 +237,169 @@ def run_parallel(backend, area: str, seed: int, count: int | None, seconds: floa
     c.failures, c.reproducers = [r for r, _ in order], [e for _, e in order]
     c.seconds = time.perf_counter() - start
     return c
+
+
+# ---------------------------------------------------------------- forward: random valid models
+FLAG_CHOICES = (0, 1, 2, 3, 4, 5, 8)      # the layer-flag bytes the seed allows
+SIMPLER = {                                # feature -> the header values that turn it off
+    "rope scaling": {"rope_type": 0, "rope_factor": 0.0, "rope_low_freq_factor": 0.0,
+                     "rope_high_freq_factor": 0.0, "rope_orig_max_seq": 0, "rope_attn_factor": 0.0},
+    "biases": {"qkv_bias": 0}, "q/k norms": {"qk_norm": 0}, "post norms": {"post_norms": 0},
+    "gelu": {"act": 0}, "softcaps": {"attn_softcap": 0.0, "final_softcap": 0.0},
+    "scales": {"embed_scale": 0.0, "attn_scale": 0.0}, "window": {"sliding_window": 0},
+    "partial rope": {"rot_dim": 0}, "attention gate": {"attn_gate": 0}, "f16 scales": {"scale_f16": 0},
+    "q8 mask": {"q8_mask": 0}, "shared classifier": {"shared_classifier": 0},
+}
+
+
+def random_model(rng: np.random.Generator) -> tuple[dict, list[int] | None]:
+    """A tiny valid model over the whole header feature space, with values a real model has (the
+    loader cases cover the extremes): every RoPE type, biases, q/k norms, head_dim, Gemma features,
+    windows, layer flags, linear attention, Q8_0/Q4_0, f16 scales, q8_mask."""
+    import math
+    pick = lambda *v: v[int(rng.integers(0, len(v)))]  # noqa: E731
+    n_kv = int(rng.integers(1, 3))
+    n_heads = n_kv * int(rng.integers(1, 3))
+    need = 32 // math.gcd(n_heads, 32)
+    step = need * 2 // math.gcd(need, 2)
+    head_dim = step * int(rng.integers(1, max(2, 64 // (step * n_heads) + 1)))
+    own_head = bool(rng.integers(0, 2))
+    dim = 32 * int(rng.integers(1, 3)) if own_head else head_dim * n_heads
+    wtype = pick(1, 2)
+    n_layers = int(rng.integers(1, 4))
+    h = {"dim": dim, "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv,
+         "hidden_dim": 32 * int(rng.integers(1, 3)), "vocab": int(rng.integers(8, 40)), "max_seq": 32,
+         "rope_theta": pick(10000.0, 500000.0, 1e6), "norm_eps": pick(1e-5, 1e-6), "wtype": wtype,
+         "head_dim": head_dim if own_head else 0, "shared_classifier": pick(0, 1),
+         "q8_mask": int(rng.integers(0, 128)) if wtype == 2 and rng.random() < 0.5 else 0,
+         "qkv_bias": pick(0, 1), "qk_norm": pick(0, 1), "act": pick(0, 1), "post_norms": pick(0, 1),
+         "scale_f16": pick(0, 1), "embed_scale": pick(0.0, 0.0, 2.0), "attn_scale": pick(0.0, 0.0, 0.125),
+         "attn_softcap": pick(0.0, 0.0, 20.0), "final_softcap": pick(0.0, 0.0, 15.0),
+         "sliding_window": pick(0, 0, 2, 3),
+         "rot_dim": pick(0, 0, 2 * int(rng.integers(1, head_dim // 2 + 1))),
+         "attn_gate": pick(0, 0, 1)}
+    rope = int(rng.integers(0, 4))
+    h["rope_type"] = rope
+    if rope:
+        h["rope_factor"] = pick(2.0, 4.0, 8.0)
+    if rope == 1:
+        h.update(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_orig_max_seq=16)
+    elif rope == 3:
+        h.update(rope_low_freq_factor=32.0, rope_high_freq_factor=1.0, rope_orig_max_seq=16,
+                 rope_attn_factor=pick(1.0, 1.1))
+    flags = None
+    if rng.random() < 0.6:
+        h["layer_flags"] = 1
+        flags = [int(pick(*FLAG_CHOICES)) for _ in range(n_layers)]
+    if flags and any(f & 2 for f in flags):
+        h["rope_local_theta"] = 10000.0
+    if flags and any(f & 8 for f in flags):
+        k = int(rng.integers(1, 3))
+        v = 4 * k // math.gcd(4, k)
+        dv_step = 32 // math.gcd(v, 32)
+        h.update(lin_k_heads=k, lin_v_heads=v, lin_k_dim=int(rng.integers(2, 9)),
+                 lin_v_dim=dv_step * int(rng.integers(1, max(2, 32 // (dv_step * v) + 1))),
+                 lin_conv=int(rng.integers(1, 5)))
+    return h, flags
+
+
+def _write_model(path: Path, h: dict, flags: list[int] | None, seed: int) -> None:
+    from mlconf.tools import mlb
+    full = mlb.full_header(h)
+    mlb.write(path, full, fixtures._weights(full, flags, np.random.default_rng(seed)), flags=flags,
+              q4_rule="round" if seed % 2 else "search")
+
+
+def _forward_result(backend, work: Workdir, path: Path, cid: str, spec: str, mode: str) -> Result:
+    case = Case(cid, "forward", "forward", spec, "toleranced",
+                {"model": path, "tokens": np.array([1, 2, 3, 4]), "mode": mode,
+                 "tolerance": "logits_runtime_vs_reference", "expected_from": "reference"})
+    return run_case(case, backend, work)
+
+
+def _forward_fails(backend, work, path, cid, spec) -> Result | None:
+    for mode in ("prefill", "decode"):
+        res = _forward_result(backend, work, path, f"{cid}/{mode}", spec, mode)
+        if res.outcome != "pass":
+            return res
+    return None
+
+
+def forward_campaign(backend, seed: int, count: int | None, seconds: float | None, corpus: Path | None,
+                     part: tuple[int, int] = (0, 1)) -> Campaign:
+    """Random valid models (random_model) prefilled and decoded on ``backend`` against the
+    reference within logits_runtime_vs_reference. A failing model is shrunk: each feature of
+    SIMPLER turned off, and layers dropped, while it still fails."""
+    k, n = part
+    rng = np.random.default_rng(seed)
+    c = Campaign("forward", seed)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mlconf-fuzz-") as tmp:
+        path = Path(tmp) / "model.mlb"
+        index = -1
+        while True:
+            index += 1
+            if (count is not None and index >= count) or (seconds is not None and
+                                                          time.perf_counter() - start >= seconds):
+                break
+            h, flags = random_model(rng)
+            if index % n != k:
+                continue
+            c.mutants += 1
+            work = Workdir(Path(tmp) / f"w{index}")
+            cid = f"fuzz/forward/seed{seed}/{index}"
+            _write_model(path, h, flags, seed + index)
+            spec = f"fuzz seed {seed} model {index}: {h} flags {flags}"
+            res = _forward_fails(backend, work, path, cid, spec)
+            if res is None:
+                c.agreed += 1
+                continue
+            h, flags, res = _shrink_model(backend, Path(tmp), h, flags, seed + index, cid, res)
+            c.failures.append(res)
+            entry = {"file": f"forward/seed{seed}-{index}.mlb", "index": index, "header": h, "flags": flags,
+                     "outcome": res.outcome, "backend": backend.name, "detail": res.detail}
+            c.reproducers.append(entry)
+            if corpus is not None:
+                (corpus / "forward").mkdir(parents=True, exist_ok=True)
+                _write_model(corpus / entry["file"], h, flags, seed + index)
+    c.seconds = time.perf_counter() - start
+    return c
+
+
+def _shrink_model(backend, tmp: Path, h: dict, flags, weight_seed: int, cid: str, res: Result):
+    """Turn features off, and drop layers, while the model still fails."""
+    path = tmp / "shrink.mlb"
+
+    def fails(hh, ff, tag):
+        from mlconf.backends.reference import loader
+        try:
+            _write_model(path, hh, ff, weight_seed)
+        except Exception:            # not a valid model once simplified: keep the feature
+            return None
+        if not loader.load(path).ok:
+            return None
+        spec = f"fuzz model (shrunk): {hh} flags {ff}"
+        return _forward_fails(backend, Workdir(tmp / f"s-{tag}"), path, f"{cid}/{tag}", spec)
+
+    n_try = 0
+    for name, off in SIMPLER.items():
+        trial = {**h, **off}
+        if trial == h:
+            continue
+        n_try += 1
+        r = fails(trial, flags, f"t{n_try}")
+        if r is not None:
+            h, res = trial, r
+            res.detail += f" (still failing without {name})"
+    while h["n_layers"] > 1:
+        trial_flags = flags[:-1] if flags else None
+        n_try += 1
+        r = fails({**h, "n_layers": h["n_layers"] - 1}, trial_flags, f"t{n_try}")
+        if r is None:
+            break
+        h, flags, res = {**h, "n_layers": h["n_layers"] - 1}, trial_flags, r
+    res.case = cid
+    return h, flags, res
 
 
 def summary_result(c: Campaign, backend_name: str) -> Result:

@@ -91,3 +91,34 @@ def test_jobs_give_the_serial_campaign(broken):
     assert (par.mutants, par.agreed) == (serial.mutants, serial.agreed) == (60, serial.agreed)
     assert par.reproducers == serial.reproducers and serial.reproducers
     assert [r.case for r in par.failures] == [r.case for r in serial.failures]
+
+
+class WrongYarn(ReferenceBackend):
+    """A runtime with one wrong RoPE variant: yarn's attn_factor ignored."""
+    name = "wrong-yarn"
+
+    def open_model(self, path, ctx=None):
+        from mlconf.backends.reference.forward import Forward
+        from mlconf.tools import mlb
+        m = mlb.read(path)
+        if m.header["rope_type"] == 3:
+            m.header["rope_attn_factor"] = 1.0
+        return Forward(m, ctx=ctx)
+
+
+def test_forward_fuzz(tmp_path):
+    """Random valid models: native matches the reference; a wrong yarn is found and shrunk to a
+    model that keeps yarn and drops what does not matter."""
+    b = get("native")
+    try:
+        ok = fuzz.run(b, "forward", seed=2, count=60)
+    finally:
+        b.close()
+    assert ok.agreed == ok.mutants == 60, [r.detail for r in ok.failures[:3]]
+    bad = fuzz.run(WrongYarn(), "forward", seed=2, count=60, corpus=tmp_path)
+    assert bad.failures and len(bad.failures) == len(bad.reproducers) == bad.mutants - bad.agreed
+    for r in bad.reproducers:
+        h = r["header"]
+        assert h["rope_type"] == 3 and h["rope_attn_factor"] != 1.0 and h["n_layers"] == 1, h
+        assert not (h["qkv_bias"] or h["qk_norm"] or h["attn_softcap"] or h["sliding_window"]), h
+        assert ReferenceBackend().load(str(tmp_path / r["file"])).ok
