@@ -128,6 +128,14 @@ def mutants(area: str, seed: int) -> Callable[[], tuple[Base, list[dict]]]:
     return draw
 
 
+def _indices(count: int | None, seconds: float | None, start: float):
+    """0, 1, 2, ... up to ``count``, or while ``seconds`` have not passed since ``start``."""
+    index = 0
+    while (count is None or index < count) and (seconds is None or time.perf_counter() - start < seconds):
+        yield index
+        index += 1
+
+
 def _case(area: str, path: Path, expected: str, cid: str, spec: str) -> Case:
     cap, _ = AREAS[area]
     return Case(cid, area, cap, spec, "status", {"path": path}, expected)
@@ -171,12 +179,7 @@ def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, 
     with tempfile.TemporaryDirectory(prefix="mlconf-fuzz-") as tmp:
         work = Workdir(tmp)
         path = Path(tmp) / f"mutant{suffix}"
-        index = -1
-        while True:
-            index += 1
-            if (count is not None and index >= count) or (seconds is not None and
-                                                          time.perf_counter() - start >= seconds):
-                break
+        for index in _indices(count, seconds, start):
             base, ops = draw()
             if index % n != k:
                 continue
@@ -336,12 +339,7 @@ def forward_campaign(backend, seed: int, count: int | None, seconds: float | Non
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mlconf-fuzz-") as tmp:
         path = Path(tmp) / "model.mlb"
-        index = -1
-        while True:
-            index += 1
-            if (count is not None and index >= count) or (seconds is not None and
-                                                          time.perf_counter() - start >= seconds):
-                break
+        for index in _indices(count, seconds, start):
             h, flags = random_model(rng)
             if index % n != k:
                 continue
