@@ -41,6 +41,8 @@ UNICODE_TABLES = SRC / "unicode_tables.h"
 UNICODE_GENERATOR = HERE.parents[1] / "tools" / "gen_unicode_tables.py"
 UNICODE_DATA = HERE.parents[1] / "specs" / "unicode.json"
 CFLAGS = ["-std=c11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-fvisibility=hidden"]
+SANITIZE = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+            "-fno-omit-frame-pointer"]   # --sanitize and the fuzz targets
 ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
     "kern_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
     "kern_neon.c": (("aarch64", "arm64"), []),
@@ -111,8 +113,7 @@ def build(out: str | Path | None = None, *, lib: str = "mlrt", cc: str | None = 
         raise BuildError(f"C compiler {cc!r} not found (the native backend needs gcc or clang)")
     flags = list(CFLAGS) + (extra or [])
     if sanitize:
-        flags = [f for f in flags if f != "-O2"] + ["-O1", "-g", "-fsanitize=address,undefined",
-                                                    "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+        flags = [f for f in flags if f != "-O2"] + SANITIZE
     if m32:
         flags.append("-m32")
         machine = "i686"
@@ -183,6 +184,26 @@ def build_worker(out: str | Path, machine: str = "aarch64", cc: str = "aarch64-l
     return _compile_link(cc, flags, [*sources(machine), (WORKER_MAIN, [])], ["-static"], out)
 
 
+FUZZ = HERE / "fuzz"
+FUZZ_TARGETS = ("mlb_check", "mlt_load")   # fuzz/NAME.c, each linked with the runtime's sources
+
+
+def build_fuzzer(name: str, out: str | Path, cc: str = "clang") -> Path:
+    """The libFuzzer target fuzz/NAME.c with every source of this machine (coverage on them all),
+    built with ASan and UBSan; under OSS-Fuzz, $CFLAGS (its sanitizer) and $LIB_FUZZING_ENGINE
+    instead (fuzz/build.sh). Raises BuildError."""
+    if name not in FUZZ_TARGETS:
+        raise BuildError(f"unknown fuzz target {name!r}; targets: {', '.join(FUZZ_TARGETS)}")
+    if not shlex.split(cc) or shutil.which(shlex.split(cc)[0]) is None:
+        raise BuildError(f"C compiler {cc!r} not found (libFuzzer needs clang)")
+    engine = os.environ.get("LIB_FUZZING_ENGINE", "-fsanitize=fuzzer")
+    san = shlex.split(os.environ["CFLAGS"]) if os.environ.get("CFLAGS") else SANITIZE
+    flags = [f for f in CFLAGS if f not in ("-O2", "-fPIC", "-fvisibility=hidden")] + san
+    target = FUZZ / f"{name}.c"
+    covered = [(src, [*isa, "-fsanitize=fuzzer-no-link"]) for src, isa in sources()]  # coverage, no main
+    return _compile_link(cc, flags, [*covered, (target, [engine])], [engine], Path(out))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", nargs="?", help="default: libmlrt.so here, backends/bitnet/libmlbitnet.so for "
@@ -192,10 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sanitize", action="store_true", help="AddressSanitizer + UBSan build")
     ap.add_argument("--m32", action="store_true", help="32-bit build (gcc-multilib)")
     ap.add_argument("--cc", help="default: $CC, else gcc (--worker: aarch64-linux-gnu-gcc)")
+    ap.add_argument("--fuzz", choices=FUZZ_TARGETS,
+                    help="a libFuzzer target of fuzz/ (clang; default out: fuzz/build/NAME)")
     ap.add_argument("--worker", action="store_true",
                     help="the static aarch64 worker executable of native:neon under qemu (build_worker)")
     args = ap.parse_args(argv)
     try:
+        if args.fuzz:
+            print(build_fuzzer(args.fuzz, args.out or FUZZ / "build" / args.fuzz, args.cc or "clang"))
+            return 0
         if args.worker:
             print(build_worker(args.out or HERE / "build-aarch64" / "mlrt-worker",
                                cc=args.cc or "aarch64-linux-gnu-gcc"))

@@ -1,0 +1,41 @@
+"""The libFuzzer targets of backends/native/fuzz build with clang and run clean on the fixtures
+(a few thousand inputs each: a smoke run; the long campaigns belong to a fuzzing fleet)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from mlconf.backends.native import build
+
+
+@pytest.fixture(scope="module")
+def corpus(generated, tmp_path_factory):
+    out, made = generated
+    root = tmp_path_factory.mktemp("corpus")
+    for ext in ("mlb", "mlt"):
+        (root / ext).mkdir()
+    for i, f in enumerate(made):
+        p = out / f.file
+        if p.is_file() and not p.is_symlink():
+            shutil.copy(p, root / p.suffix[1:] / f"{i}{p.suffix}")
+    return root
+
+
+@pytest.mark.parametrize("target,ext", [("mlb_check", "mlb"), ("mlt_load", "mlt")])
+def test_fuzz_target_runs_clean(target, ext, corpus, tmp_path):
+    if shutil.which("clang") is None:
+        pytest.skip("no clang for the libFuzzer targets")
+    try:
+        exe = build.build_fuzzer(target, tmp_path / target)
+    except build.BuildError as e:
+        pytest.skip(f"no libFuzzer build here: {str(e).strip().splitlines()[-1][:200]}")
+    work = tmp_path / "new"
+    work.mkdir()
+    r = subprocess.run([str(exe), f"-dict={build.FUZZ / (ext + '.dict')}", "-runs=3000", "-seed=1",
+                        "-max_len=65536", str(work), str(corpus / ext)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Done 3000 runs" in r.stderr
