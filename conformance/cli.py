@@ -835,8 +835,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fuzz", help="differential fuzzing of a backend's loaders against the reference")
     p.add_argument("-b", "--backend", required=True, help="the backend under test")
-    p.add_argument("--area", action="append", choices=["loader", "tokenizer", "forward"],
-                   help="repeatable; default loader and tokenizer (forward: random valid models)")
+    p.add_argument("--area", action="append", choices=["loader", "tokenizer", "forward", "i2s"],
+                   help="repeatable; default loader and tokenizer (forward: random valid models; i2s: "
+                   "random and adversarial I2_S inputs, bit-exact)")
     p.add_argument("--count", type=int_in(1, 10**9), metavar="N", help="mutants per area (default 1000)")
     p.add_argument("--time", type=seconds, metavar="S",
                    help="instead of --count: mutants for S seconds per area")

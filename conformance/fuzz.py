@@ -28,7 +28,8 @@ from mlconf import byte_ops, fixtures, mlt_fixtures, specs
 from mlconf.cases import Case
 from mlconf.runner import Result, Workdir, run_case
 
-AREAS = {"loader": ("load", ".mlb"), "tokenizer": ("load_tokenizer", ".mlt"), "forward": ("forward", ".mlb")}
+AREAS = {"loader": ("load", ".mlb"), "tokenizer": ("load_tokenizer", ".mlt"), "forward": ("forward", ".mlb"),
+         "i2s": ("i2s", "")}
 U32_VALUES = (0, 1, 2, 3, 4, 7, 8, 31, 32, 33, 64, 255, 256, 65535, 65536, 2**24, 2**24 + 1,
               2**31 - 1, 2**31, 2**32 - 32, 2**32 - 1)
 F32_VALUES = (float("nan"), float("inf"), float("-inf"), -0.0, -1.0, 1e-45, 3.4e38, 0.5, 1e4)
@@ -169,6 +170,8 @@ def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, 
         raise ValueError("fuzz.run: a count or a number of seconds is needed")
     if area == "forward":
         return forward_campaign(backend, seed, count, seconds, corpus, part)
+    if area == "i2s":
+        return i2s_campaign(backend, seed, count, seconds, part)
     from mlconf.backends.reference import ReferenceBackend
     reference = ReferenceBackend()
     cap, suffix = AREAS[area]
@@ -398,6 +401,69 @@ def _shrink_model(backend, tmp: Path, h: dict, flags, weight_seed: int, cid: str
         h, flags, res = {**h, "n_layers": h["n_layers"] - 1}, trial_flags, r
     res.case = cid
     return h, flags, res
+
+
+# ---------------------------------------------------------------- i2s: random and adversarial inputs
+def _values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """float32 values of one of the kinds that break quantizers: plain, exact .5 ties, subnormal,
+    huge, constant, sparse."""
+    kind = int(rng.integers(0, 6))
+    if kind == 1:
+        x = rng.integers(-8, 9, shape) * 0.5 * float(rng.choice([1.0, 1 / 127, 3.0]))
+    elif kind == 2:
+        x = rng.standard_normal(shape) * 1e-39
+    elif kind == 3:
+        x = rng.standard_normal(shape) * 1e30
+    elif kind == 4:
+        x = np.full(shape, float(rng.choice([0.0, -0.0, 1.0, -2.5, 1e-20])))
+    elif kind == 5:
+        x = np.zeros(shape)
+        x.reshape(-1)[rng.integers(0, x.size, 3)] = rng.standard_normal(3) * 100
+    else:
+        x = rng.standard_normal(shape) * 10 ** rng.uniform(-3, 3)
+    return x.astype(np.float32)
+
+
+def random_i2s(rng: np.random.Generator, cid: str, spec: str) -> Case:
+    """One I2_S call (pack, act or matmul) on random or adversarial inputs, the reference backend's
+    answer as its expectation (bit-exact)."""
+    from mlconf.cases import i2s_payload_bytes, pack_codes
+    op = str(rng.choice(["pack", "act", "matmul"]))
+    rows, cols, n = int(rng.integers(1, 9)), 128 * int(rng.integers(1, 5)), int(rng.integers(1, 5))
+    common = {"op": op, "expected_from": "reference"}
+    if op == "pack":
+        return Case(cid, "bitnet", "i2s", spec, "bit-exact", {**common, "w": _values(rng, (rows, cols))})
+    if op == "act":
+        return Case(cid, "bitnet", "i2s", spec, "bit-exact", {**common, "x": _values(rng, (n, cols))})
+    codes = rng.integers(0, 3, rows * cols).astype(np.uint8)
+    payload = i2s_payload_bytes(pack_codes(codes), float(np.float32(rng.uniform(1e-3, 2))))
+    return Case(cid, "bitnet", "i2s", spec, "bit-exact",
+                {**common, "payload": payload, "shape": (rows, cols), "x": _values(rng, (n, cols))})
+
+
+def i2s_campaign(backend, seed: int, count: int | None, seconds: float | None,
+                 part: tuple[int, int] = (0, 1)) -> Campaign:
+    """Random and adversarial I2_S packs, activations and matmuls, bit-exact against the reference."""
+    k, n = part
+    rng = np.random.default_rng(seed)
+    c = Campaign("i2s", seed)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mlconf-fuzz-") as tmp:
+        for index in _indices(count, seconds, start):
+            cid = f"fuzz/i2s/seed{seed}/{index}"
+            case = random_i2s(rng, cid, f"fuzz seed {seed} i2s input {index}")
+            if index % n != k:
+                continue
+            c.mutants += 1
+            res = run_case(case, backend, Workdir(tmp))
+            if res.outcome == "pass":
+                c.agreed += 1
+                continue
+            c.failures.append(res)
+            c.reproducers.append({"index": index, "op": case.params["op"], "outcome": res.outcome,
+                                  "backend": backend.name, "detail": res.detail})
+    c.seconds = time.perf_counter() - start
+    return c
 
 
 def summary_result(c: Campaign, backend_name: str) -> Result:
