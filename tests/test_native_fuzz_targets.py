@@ -1,5 +1,7 @@
 """The libFuzzer targets of backends/native/fuzz build with clang and run clean on the fixtures
-(a few thousand inputs each: a smoke run; the long campaigns belong to a fuzzing fleet)."""
+and on every input they found before (fuzz/regressions/TARGET: e.g. an .mlt whose encode emitted
+no ids, once pointer arithmetic on NULL under UBSan); a few thousand inputs each: a smoke run, the
+long campaigns belong to a fuzzing fleet."""
 
 from __future__ import annotations
 
@@ -34,8 +36,10 @@ def test_fuzz_target_runs_clean(target, ext, corpus, tmp_path):
         pytest.skip(f"no libFuzzer build here: {str(e).strip().splitlines()[-1][:200]}")
     work = tmp_path / "new"
     work.mkdir()
+    regressions = build.FUZZ / "regressions" / target      # what libFuzzer found before: run first
+    dirs = [str(work), str(corpus / ext), *([str(regressions)] if regressions.is_dir() else [])]
     r = subprocess.run([str(exe), f"-dict={build.FUZZ / (ext + '.dict')}", "-runs=3000", "-seed=1",
-                        "-max_len=65536", str(work), str(corpus / ext)],
+                        "-max_len=65536", *dirs],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Done 3000 runs" in r.stderr

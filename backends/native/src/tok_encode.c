@@ -279,6 +279,7 @@ static bool grow(enc *e, void **p, size_t *cap, size_t n, size_t size) {
 }
 
 static bool emit(enc *e, const int32_t *ids, size_t n) {
+    if (n == 0) return true;   /* e->out may still be NULL: no pointer arithmetic on it (libFuzzer, UBSan) */
     if (!grow(e, (void **)&e->out, &e->cap_out, e->n_out + n, sizeof *e->out)) return false;
     memcpy(e->out + e->n_out, ids, n * sizeof *ids);
     e->n_out += n;
