@@ -1,4 +1,8 @@
-"""`mlconf fuzz`: differential fuzzing of a runtime's loaders against the reference.
+"""`mlconf fuzz`: differential fuzzing of a runtime against the reference.
+
+Areas: loader and tokenizer (mutated files, below); forward (random valid models, random_model,
+logits within logits_runtime_vs_reference, shrunk by turning features off); i2s (random and
+adversarial I2_S inputs, bit-exact).
 
 Seeded, structure-aware mutants of the valid fixtures (header fields set to boundary values, bit
 flips, layer-flag bytes, Q8 quants set to -128, truncations, appended bytes; one to three at a
@@ -174,7 +178,7 @@ def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, 
         return i2s_campaign(backend, seed, count, seconds, part)
     from mlconf.backends.reference import ReferenceBackend
     reference = ReferenceBackend()
-    cap, suffix = AREAS[area]
+    _, suffix = AREAS[area]
     k, n = part
     c = Campaign(area, seed)
     draw = mutants(area, seed)
