@@ -62,7 +62,9 @@ def _seed(name: str, spec: dict) -> int:
     return spec.get("seed", zlib.crc32(name.encode()))
 
 
-def _weights(h: dict, flags: list[int] | None, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_weights(h: dict, flags: list[int] | None, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Every array of header ``h`` drawn as specs/mlb_fixtures.yaml says (the fixtures', the fuzzer's
+    and the tests' random models)."""
     out = {}
     for name, (fmt, shape) in mlb.expected_arrays(h, flags).items():
         leaf = name.rsplit(".", 1)[-1]
@@ -95,7 +97,7 @@ def write_base(name: str, path: Path) -> None:
     rng = np.random.default_rng(_seed(name, spec))
     h = mlb.full_header(spec["header"])
     flags = spec.get("flags")
-    arrays = _weights(h, flags, rng)
+    arrays = random_weights(h, flags, rng)
     im = None
     if spec.get("imatrix"):
         im = _imatrix(h, rng)

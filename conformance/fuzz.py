@@ -316,7 +316,7 @@ def random_model(rng: np.random.Generator) -> tuple[dict, list[int] | None]:
 def _write_model(path: Path, h: dict, flags: list[int] | None, seed: int) -> None:
     from mlconf.tools import mlb
     full = mlb.full_header(h)
-    mlb.write(path, full, fixtures._weights(full, flags, np.random.default_rng(seed)), flags=flags,
+    mlb.write(path, full, fixtures.random_weights(full, flags, np.random.default_rng(seed)), flags=flags,
               q4_rule="round" if seed % 2 else "search")
 
 

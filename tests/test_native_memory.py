@@ -80,6 +80,6 @@ def test_random_valid_models_stay_in_the_bound(lib, valid_model_strategy, scratc
     h, flags = data.draw(valid_model_strategy)
     path = scratch / "memory_bound.mlb"
     full = mlb.full_header(h)
-    weights = fixtures._weights(full, flags, np.random.default_rng(0))
+    weights = fixtures.random_weights(full, flags, np.random.default_rng(0))
     mlb.write(path, full, weights, flags=flags, q4_rule="round")
     assert 0 < state_bytes(lib, path) <= bound(path)
