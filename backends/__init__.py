@@ -45,6 +45,7 @@ from .base import (
     InputError,
     LoadResult,
     ModelSession,
+    NumericError,
     Unsupported,
     WorkerCrash,
     WorkerTimeout,
@@ -52,7 +53,7 @@ from .base import (
 
 __all__ = ["CAPABILITIES", "POOLINGS", "READINGS", "STATUSES", "Backend", "BackendError", "EmbedderSession",
            "InputError",
-           "LoadResult", "ModelSession",
+           "LoadResult", "ModelSession", "NumericError",
            "Unsupported", "WorkerCrash", "WorkerTimeout",
            "PLUGIN_GROUP", "PluginInfo", "builtin_names", "get", "plugins", "register"]
 

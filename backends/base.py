@@ -44,6 +44,11 @@ class InputError(ValueError):
     """A valid model asked for something it cannot do (a token out of range, pos beyond ctx)."""
 
 
+class NumericError(ArithmeticError):
+    """A forward (or embed) call met a non-finite activation: NaN or infinite weights in the file, or
+    values that overflow float32 (decision forward.nonfinite). The call's positions are not fed."""
+
+
 class WorkerCrash(BackendError):
     """The worker process of an isolated backend (native, lib:PATH) died during a call: killed by a
     signal (the message names it, e.g. SIGSEGV) or exited. The next call starts a fresh worker."""

@@ -28,6 +28,7 @@ from mlconf.backends.reference import layout
 from mlconf.golden import GOLDEN_DIR
 
 AREAS = ("header", "loader", "quant", "forward", "tokenizer", "bitnet")
+FORWARD_MODES = ("prefill", "decode")   # runner.forward_calls: one call, or one token at a time
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def _forward_cases(target: specs.Version | None = None) -> list[Case]:
             continue
         g = np.load(npz)
         spec = f"tolerances.yaml#logits_runtime_vs_oracle (golden/logits/{name}, oracle transformers)"
-        for mode in ("prefill", "decode"):
+        for mode in FORWARD_MODES:
             params = {"model": npz.with_suffix(".mlb"), "tokens": g["tokens"], "mode": mode,
                       "tolerance": "logits_runtime_vs_oracle"}
             out.append(Case(f"forward/{name}/{mode}", "forward", "forward", spec, "toleranced", params,
@@ -169,15 +170,12 @@ def _forward_cases(target: specs.Version | None = None) -> list[Case]:
 def _fixture_run_cases(target: specs.Version | None = None) -> list[Case]:
     """Every valid and accepted .mlb fixture fully loaded (ml_load: weights mapped, run-time state
     allocated) and run for two tokens, prefilled and one by one, against the reference backend's
-    logits: a loader that accepts a file must also run it (issue 17). Fixtures a Krafla ``target``
-    cannot read are left out (their loader cases expect the refusal), and so are the files with NaN
-    or infinite weights: what a forward pass gives for them is not specified yet (the reference's
-    activation quantizer refuses a non-finite value; issue 17)."""
+    logits: a loader that accepts a file must also run it (issue 17). The files with NaN weights
+    fail the forward where the reference does (decision forward.nonfinite). Fixtures a Krafla
+    ``target`` cannot read are left out (their loader cases expect the refusal)."""
     out = []
     for f in fixtures.catalog():
         if f.kind not in ("valid", "accepted") or not f.file.endswith(".mlb"):
-            continue
-        if any(not np.isfinite(float(op["poke"]["value"])) for op in f.mutate if "poke" in op):
             continue
         head = fixtures.head_bytes(f)
         needs = versions.file_version(head)
@@ -185,7 +183,7 @@ def _fixture_run_cases(target: specs.Version | None = None) -> list[Case]:
             continue
         n = min(2, layout.parse_header(head)["max_seq"])      # minimal_dims holds one position
         name = f.base if f.kind == "valid" else f.file.rsplit("/", 1)[-1].removesuffix(".mlb")
-        for mode in ("prefill", "decode"):
+        for mode in FORWARD_MODES:
             out.append(Case(f"forward/fixture/{f.kind}/{name}/{mode}", "forward", "forward",
                             f"tolerances.yaml#logits_runtime_vs_reference ({f.file}, {n} tokens)",
                             "toleranced",

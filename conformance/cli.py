@@ -417,7 +417,7 @@ def parse_tokens(text: str, option: str = "--tokens") -> np.ndarray:
 
 
 def cmd_forward(args) -> int:
-    from mlconf.backends import InputError, Unsupported
+    from mlconf.backends import InputError, NumericError, Unsupported
     tokens = parse_tokens(args.tokens)
     if args.output:
         output_file(args.output)
@@ -434,7 +434,7 @@ def cmd_forward(args) -> int:
         session = b.open_model(args.model, ctx=args.ctx)
         logits = session.forward(tokens, 0)
         session.close()
-    except (InputError, Unsupported) as e:
+    except (InputError, NumericError, Unsupported) as e:
         raise UsageError(str(e)) from None
     if args.output:
         _atomic_npy(args.output, np.save, logits)
@@ -465,7 +465,7 @@ def _read_tokens_file(path: str) -> np.ndarray:
 
 
 def cmd_imatrix(args) -> int:
-    from mlconf.backends import InputError
+    from mlconf.backends import InputError, NumericError
     from mlconf.backends.reference import ReferenceBackend
     from mlconf.tools import mlb
     tokens = parse_tokens(args.tokens) if args.tokens is not None else _read_tokens_file(args.tokens_file)
@@ -476,7 +476,7 @@ def cmd_imatrix(args) -> int:
         for start in range(0, len(tokens), session.ctx):  # chunks of ctx, state reset between
             session.reset()
             session.forward(tokens[start: start + session.ctx], 0)
-    except InputError as e:
+    except (InputError, NumericError) as e:
         raise UsageError(str(e)) from None
     try:
         mlb.write_imatrix(args.output, im)
@@ -546,7 +546,7 @@ def gguf_text_ids(path: str, text: str) -> np.ndarray:
 
 
 def cmd_embed(args) -> int:
-    from mlconf.backends import InputError, Unsupported
+    from mlconf.backends import InputError, NumericError, Unsupported
     input_file(args.model)
     if args.text is not None and not args.text:
         raise UsageError("--text: the text is empty (an embedding of no text is not defined)")
@@ -561,7 +561,7 @@ def cmd_embed(args) -> int:
             vec = np.asarray(session.embed(tokens, args.pooling, args.normalize), dtype=np.float32)
         finally:
             session.close()
-    except (InputError, Unsupported) as e:
+    except (InputError, NumericError, Unsupported) as e:
         raise UsageError(str(e)) from None
     if args.json:
         print(json.dumps({"model": str(args.model), "backend": b.name, "tokens": [int(t) for t in tokens],

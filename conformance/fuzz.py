@@ -7,7 +7,8 @@ adversarial I2_S inputs, bit-exact).
 Seeded, structure-aware mutants of the valid fixtures (header fields set to boundary values, bit
 flips, layer-flag bytes, Q8 quants set to -128, truncations, appended bytes; one to three at a
 time) are loaded by the backend under test and by the reference. A mutant passes when both give
-the same status. Crashes and hangs are caught by the backend's worker, as in `mlconf run`.
+the same status and, for an .mlb both accept, the same two-token forward (_run_accepted).
+Crashes and hangs are caught by the backend's worker, as in `mlconf run`.
 
 Every mutation is one of the fixtures' own (`raw`, `truncate_to`, `append`: the `mutate` lists of
 specs/mlb_errors.yaml), so a failure is a fixture: it is shrunk to the fewest mutations that
@@ -29,8 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from mlconf import byte_ops, fixtures, mlt_fixtures, specs
-from mlconf.cases import Case
-from mlconf.runner import Result, Workdir, run_case
+from mlconf.backends.reference import layout
+from mlconf.cases import FORWARD_MODES, Case
+from mlconf.runner import Result, Workdir, forward_calls, run_case
 
 AREAS = {"loader": ("load", ".mlb"), "tokenizer": ("load_tokenizer", ".mlt"), "forward": ("forward", ".mlb"),
          "i2s": ("i2s", "")}
@@ -147,9 +149,42 @@ def _case(area: str, path: Path, expected: str, cid: str, spec: str) -> Case:
 
 
 def _judge(area, reference, backend, work: Workdir, path: Path, cid: str, spec: str) -> tuple[str, Result]:
-    """The reference's status of the file, and the backend's result against it."""
+    """The reference's status of the file, and the backend's result against it; an .mlb both
+    accept is also run (_run_accepted) when the backend has a forward."""
     ref = reference.load(str(path)) if area == "loader" else reference.load_tokenizer(str(path))
-    return ref.status, run_case(_case(area, path, ref.status, cid, spec), backend, work)
+    res = run_case(_case(area, path, ref.status, cid, spec), backend, work)
+    runs = area == "loader" and "forward" in backend.capabilities
+    if runs and ref.status == "ML_OK" and res.outcome == "pass":
+        res = _run_accepted(reference, backend, work, path, cid, spec) or res
+    return ref.status, res
+
+
+def _run_accepted(reference, backend, work: Workdir, path: Path, cid: str, spec: str) -> Result | None:
+    """An accepted mutant run as the forward/fixture cases run the accepted fixtures: two tokens
+    (one when max_seq is 1) at ctx 2, prefilled and one by one, against the reference's logits or
+    its NumericError (decision forward.nonfinite). The first mode that does not pass, else None."""
+    n = min(2, layout.parse_header(path.read_bytes()[:layout.HEADER_SIZE])["max_seq"])
+    tokens = np.arange(1, n + 1)
+    want = {}
+    try:
+        session = reference.open_model(str(path), n)     # once for both modes: half the reading
+        try:
+            for mode in FORWARD_MODES:
+                session.reset()
+                want[mode] = forward_calls(session, tokens, mode)
+        finally:
+            session.close()
+    except Exception as e:      # a file the reference accepts but cannot run: its own bug
+        return Result(f"{cid}/forward", "forward", spec, backend.name, "error", "toleranced",
+                      detail=f"the reference failed on a file it accepts: {type(e).__name__}: {e}")
+    for mode in FORWARD_MODES:
+        case = Case(f"{cid}/forward/{mode}", "forward", "forward", spec, "toleranced",
+                    {"model": path, "tokens": tokens, "mode": mode, "ctx": n,
+                     "tolerance": "logits_runtime_vs_reference"}, want[mode])
+        res = run_case(case, backend, work)
+        if res.outcome != "pass":
+            return res
+    return None
 
 
 def shrink(area, reference, backend, work: Workdir, base: Base, ops: list[dict], path: Path) -> list[dict]:
@@ -328,7 +363,7 @@ def _forward_result(backend, work: Workdir, path: Path, cid: str, spec: str, mod
 
 
 def _forward_fails(backend, work, path, cid, spec) -> Result | None:
-    for mode in ("prefill", "decode"):
+    for mode in FORWARD_MODES:
         res = _forward_result(backend, work, path, f"{cid}/{mode}", spec, mode)
         if res.outcome != "pass":
             return res

@@ -39,6 +39,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 gguf = pytest.importorskip("gguf")
 
+from mlconf.backends import NumericError  # noqa: E402
 from mlconf.backends.native import abi  # noqa: E402
 from mlconf.backends.reference import bitnet  # noqa: E402
 from mlconf.compare import distances, within  # noqa: E402
@@ -428,8 +429,8 @@ def test_patched_files_are_refused(lib, models, tmp_path):
 
 def test_overflowing_model_is_refused_at_embed(lib, models, tmp_path):
     """Finite but huge norm weights (3e38) overflow the activations to inf, then NaN in the next
-    norm: the reference's quantize_activations refuses them and so does ml_embed (ML_E_FORMAT),
-    leaving out untouched."""
+    norm: the reference refuses them with NumericError and ml_embed with ML_E_FORMAT (decision
+    forward.nonfinite), leaving out untouched."""
     src, _ = models["qwen3", "f32"]
     off = _data_offset(src, "blk.0.attn_norm.weight")
     p = _patched(src, tmp_path / "huge_norm.gguf", [(off, struct.pack("<128f", *[3e38] * 128))])
@@ -437,7 +438,8 @@ def test_overflowing_model_is_refused_at_embed(lib, models, tmp_path):
     assert rc == ML_OK, reason
     rc, out = lib.embed(e, TOKENS[:3], POOLS["mean"], True)
     assert rc == ML_E_FORMAT and np.isnan(out).all()
-    with pytest.raises(ValueError), np.errstate(over="ignore", invalid="ignore"):
+    with pytest.raises(NumericError, match="non-finite activation"), np.errstate(over="ignore",
+                                                                              invalid="ignore"):
         bitnet.embed(bitnet.load_gguf(p), TOKENS[:3], pooling="mean")
 
 

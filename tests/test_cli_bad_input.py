@@ -33,6 +33,7 @@ def work(tmp_path_factory, generated):
     w = tmp_path_factory.mktemp("bad")
     shutil.copy(GOLDEN_DIR / "logits" / "llama.mlb", w / "llama.mlb")
     shutil.copy(out / "tokenizer" / "valid" / "bl.mlt", w / "tok.mlt")
+    shutil.copy(out / "accepted" / "nan_scale.mlb", w / "nan.mlb")
     shutil.copy(out / "tokenizer" / "valid" / "bl.mlt", w / "TOK.MLT")
     if GGUF.exists():
         shutil.copy(GGUF, w / "emb.gguf")
@@ -157,6 +158,12 @@ ROWS = [
     (["encode", "adir", "--text", "a"], USAGE, "is a directory (ML_E_IO)", None),
     (["forward", "dangling.mlb", "--tokens", "1"], USAGE, "dangling.mlb", None),
     (["forward", "null.mlb", "--tokens", "1"], USAGE, "is a character device (ML_E_IO)", None),
+    # a model whose values turn NaN (decision forward.nonfinite): the matrix and the position
+    (["forward", "nan.mlb", "--tokens", "1,2"], USAGE, "position 0, element 0 of the input of layers.0.w2",
+     None),
+    (["forward", "nan.mlb", "--tokens", "1,2", "-b", "native", "-o", "l.npy"], USAGE,
+     "nan.mlb: ml_forward of 2 token(s) at pos 0 returned ML_E_FORMAT: a non-finite activation", "l.npy"),
+    (["imatrix", "nan.mlb", "--tokens", "1,2", "-o", "x.mli"], USAGE, "non-finite activation nan", "x.mli"),
     # 18: empty text
     (["embed", "emb.gguf", "--text", ""], USAGE, "--text", None),
     # 19: an empty output folder name

@@ -108,6 +108,23 @@ def test_lib_paths_are_relative_to_cwd_and_checked(libs, monkeypatch):
         get(f"lib:{CRASH_C}")  # not a shared object
 
 
+def test_file_paths_are_relative_to_the_callers_cwd(tmp_path, monkeypatch):
+    """The worker starts in one directory and the caller moves on (a spare worker, a chdir): a
+    relative path still names the caller's file, and the reason names it as it was given."""
+    b = get("native")
+    try:
+        b.load(str(GOLDEN_DIR / "logits" / "llama.mlb"))           # the worker is up, in this cwd
+        shutil.copy(GOLDEN_DIR / "logits" / "llama.mlb", tmp_path / "m.mlb")
+        (tmp_path / "e.mlb").write_bytes(b"")
+        monkeypatch.chdir(tmp_path)
+        assert b.load("m.mlb").ok
+        assert b.open_model("m.mlb").forward(np.array([1]), 0).shape[0] == 1
+        got = b.load("e.mlb")
+        assert got.status == "ML_E_FORMAT" and got.reason.startswith("e.mlb:"), got
+    finally:
+        b.close()
+
+
 def test_timeout_setting(libs, monkeypatch):
     monkeypatch.setenv("MLCONF_WORKER_TIMEOUT", "7.5")
     assert get(f"lib:{libs['crash']}").timeout == 7.5

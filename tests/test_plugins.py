@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from mlconf import backends, cases, runner
-from mlconf.backends import BackendError, InputError, Unsupported, WorkerCrash, cmd
+from mlconf.backends import BackendError, InputError, NumericError, Unsupported, WorkerCrash, cmd
 from mlconf.backends.cmd import pack, unpack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -272,6 +272,8 @@ def test_error_kinds_map_to_exceptions(tmp_path):
             b.load("internal")
         with pytest.raises(BackendError, match="malformed error reply"):
             b.load("weird")
+        with pytest.raises(NumericError, match="because"):      # decision forward.nonfinite
+            b.load("nonfinite")
         with pytest.raises(ValueError, match="non-finite") as e:
             b.quantize_q8_0(np.zeros(32, np.float32), False)
         assert not isinstance(e.value, InputError)

@@ -21,6 +21,10 @@ Reply, failure: {"id": N, "ok": false, "error": {"kind": KIND, "message": "TEXT"
   KIND "input":       the input is refused (non-finite quantizer input, an f16 scale above 65504, a
                       token out of range, ...). Quantizer and I2_S ops: the harness sees ValueError,
                       which the "refused" cases expect; other ops: InputError.
+  KIND "nonfinite":   forward and embed: a matrix input (or the pooled embedding) was NaN or
+                      infinite, from the file's weights or from float32 overflow (decision
+                      forward.nonfinite); the harness sees NumericError. Feed none of the call's
+                      positions (a model with linear-attention layers starts over at 0).
   KIND "unsupported": the op, or this variant of it (a Q4_0 rule, ...), is not implemented; the case
                       is reported "unsupported", never as a pass. Answer an op you do not know so.
   KIND "internal":    a bug or failure of the runtime: the case is an "error".
@@ -99,6 +103,7 @@ from ..base import (
     BackendError,
     InputError,
     LoadResult,
+    NumericError,
     Unsupported,
     WorkerCrash,
     WorkerTimeout,
@@ -440,6 +445,8 @@ class CmdBackend:
         text = f"{self.name}: {desc}: {msg}" if msg else f"{self.name}: {desc}"
         if kind == "input":
             raise (ValueError if op in QUANT_OPS else InputError)(text)
+        if kind == "nonfinite":
+            raise NumericError(text)
         if kind == "unsupported":
             raise Unsupported(text)
         if kind == "internal":

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..base import CAPABILITIES, BackendError, InputError, LoadResult, Unsupported
+from ..base import CAPABILITIES, BackendError, InputError, LoadResult, NumericError, Unsupported
 from . import abi
 
 HERE = Path(__file__).resolve().parent
@@ -125,6 +125,17 @@ class LibraryBackend:
         with self._lock:
             return self._worker.call(desc, op, *args)
 
+    def _path_call(self, desc: str, op: str, path, *args):
+        """A call whose first argument is a file path. The worker resolves a relative path against
+        the directory it started in, which need not be ours now (a spare worker, a chdir): it gets
+        the absolute path, and the reasons it returns name the path as the caller gave it."""
+        given = str(path)
+        full = os.path.abspath(given) if given else given
+        out = self._call(desc, op, full, *args)
+        if full == given:
+            return out
+        return type(out)(v.replace(full, given) if isinstance(v, str) else v for v in out)
+
     def set_target_version(self, version: tuple[int, int, int] | None) -> bool:
         """Have the library read .mlb files as Krafla ``version`` (None: the newest) with
         ml_set_target_version, now and in every later worker; False if it does not export it."""
@@ -148,7 +159,7 @@ class LibraryBackend:
     # -- the Backend protocol
     def load(self, path: str) -> LoadResult:
         self._need("load")
-        st, reason = self._call(f"load({str(path)!r})", "check", str(path))
+        st, reason = self._path_call(f"load({str(path)!r})", "check", path)
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_check returned ML_E_UNSUPPORTED")
         return LoadResult(abi.status_name(st), reason)
@@ -194,7 +205,7 @@ class LibraryBackend:
     def open_model(self, path: str, ctx: int | None = None) -> ModelSession:
         self._need("forward")
         ctx32 = _int32(ctx or 0, "ctx")
-        st, h, reason, vocab, ctx_out = self._call(f"open_model({str(path)!r}, ctx={ctx})", "load", str(path),
+        st, h, reason, vocab, ctx_out = self._path_call(f"open_model({str(path)!r}, ctx={ctx})", "load", path,
                                                    ctx32, _int32(self.threads, "threads"))
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_load returned ML_E_UNSUPPORTED")
@@ -207,15 +218,15 @@ class LibraryBackend:
     def load_tokenizer(self, path: str, model_vocab: int | None = None) -> LoadResult:
         self._need("load_tokenizer")
         mv = _int32(model_vocab or 0, "model_vocab")   # 0: no model vocabulary to check against
-        st, reason = self._call(f"load_tokenizer({str(path)!r}, model_vocab={model_vocab})", "tok_check",
-                                str(path), mv)
+        st, reason = self._path_call(f"load_tokenizer({str(path)!r}, model_vocab={model_vocab})",
+                                     "tok_check", path, mv)
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_tok_load returned ML_E_UNSUPPORTED")
         return LoadResult(abi.status_name(st), reason)
 
     def open_tokenizer(self, path: str) -> TokenizerSession:
         self._need("encode")
-        st, h, reason = self._call(f"open_tokenizer({str(path)!r})", "tok_load", str(path), 0)
+        st, h, reason = self._path_call(f"open_tokenizer({str(path)!r})", "tok_load", path, 0)
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_tok_load returned ML_E_UNSUPPORTED")
         if st != abi.ML_OK:
@@ -290,7 +301,7 @@ class LibraryBackend:
             raise Unsupported(f"{self.name}: the library exports no ml_embed_load_reading, so the {reading} "
                               "reading cannot be chosen")
         desc = f"open_embedder({str(path)!r}" + (f", {reading!r})" if reading else ")")
-        st, h, reason, dim, vocab = self._call(desc, "embed_load", str(path), _int32(self.threads, "threads"),
+        st, h, reason, dim, vocab = self._path_call(desc, "embed_load", path, _int32(self.threads, "threads"),
                                                abi.READING_CODES[reading])
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_embed_load returned ML_E_UNSUPPORTED")
@@ -417,6 +428,9 @@ class ModelSession(_Handle):
             raise InputError(f"ml_forward refused {t.size} token(s) at pos {pos} (ML_E_ARG): a token "
                              f"outside [0, {self.vocab}), or pos beyond the positions fed, or pos + n above "
                              f"ctx {self.ctx}")
+        if st == abi.ML_E_FORMAT:
+            raise NumericError(f"{self.path}: ml_forward of {t.size} token(s) at pos {pos} returned "
+                               f"ML_E_FORMAT: a non-finite activation (decision forward.nonfinite)")
         if st != abi.ML_OK:
             raise BackendError(f"ml_forward returned {abi.status_name(st)}")
         return logits
@@ -478,6 +492,9 @@ class EmbedderSession(_Handle):
             else:
                 why = f"no rule refuses {t.size} tokens in [0, {self.vocab}) with pooling {pooling!r}"
             raise InputError(f"ml_embed refused the call (ML_E_ARG): {why}")
+        if st == abi.ML_E_FORMAT:
+            raise NumericError(f"{self.path}: ml_embed returned ML_E_FORMAT: the model's values overflow to "
+                               f"a non-finite activation (decision forward.nonfinite)")
         if st != abi.ML_OK:
             raise BackendError(f"ml_embed returned {abi.status_name(st)}")
         return out

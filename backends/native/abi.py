@@ -79,7 +79,7 @@ FUNCTIONS = (
 
 STATUS_NAMES = {0: "ML_OK", 1: "ML_E_IO", 2: "ML_E_FORMAT", 3: "ML_E_SHAPE", 4: "ML_E_ARG",
                 5: "ML_E_NOMEM", 6: "ML_E_UNSUPPORTED"}
-ML_OK, ML_E_ARG, ML_E_UNSUPPORTED = 0, 4, 6
+ML_OK, ML_E_FORMAT, ML_E_ARG, ML_E_UNSUPPORTED = 0, 2, 4, 6
 Q4_0_RULES = {"round": 0, "search": 1}   # ML_Q4_0_ROUND, ML_Q4_0_SEARCH
 
 # Backend capability -> the symbols it needs (mlconf.backends.CAPABILITIES).

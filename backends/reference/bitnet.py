@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlconf.backends.base import NumericError
 from mlconf.backends.reference import i2s
 from mlconf.backends.reference.forward import gelu_tanh, rmsnorm, silu
 
@@ -71,9 +72,9 @@ class Linear:
         return self.payload
 
     def __call__(self, x: np.ndarray, reading: str) -> np.ndarray:
+        if not np.isfinite(x).all():   # as ml_embed (decision forward.nonfinite)
+            raise NumericError("non-finite activation (the model's values overflow float32)")
         if reading == "float":
-            if not np.isfinite(x).all():   # as quantize_activations on the ternary path, and ml_embed
-                raise BitnetError("non-finite activation (the model's values overflow float32)")
             if self.f16:
                 x = x.astype(np.float16).astype(F32)
             return (x.astype(F32) @ self.weight.T).astype(F32)
@@ -253,4 +254,6 @@ def embed(model: BitnetModel, tokens, pooling: str | None = None, normalize: boo
     out = out.astype(F32)
     if normalize:
         out = out / F32(max(np.linalg.norm(out.astype(np.float64)), 1e-12))
+    if not np.isfinite(out).all():
+        raise NumericError("the pooled embedding is not finite (the model's values overflow float32)")
     return out.astype(F32)

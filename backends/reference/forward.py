@@ -16,7 +16,7 @@ import numpy as np
 from mlconf.tools import mlb
 from mlconf.tools.mlb import Imatrix
 
-from ..base import InputError
+from ..base import InputError, NumericError
 from . import quant
 
 F32 = np.float32
@@ -121,6 +121,7 @@ class Forward:
         self._w: dict[str, tuple] = {}
         self.state = State()
         self.imatrix: Imatrix | None = None  # set by start_imatrix: sums of squared matmul inputs
+        self._pos = 0                        # the first position of the forward call under way
 
     def start_imatrix(self) -> Imatrix:
         """Accumulate the MLI1 sums (seed: "Importance matrix file") over every later forward."""
@@ -167,6 +168,12 @@ class Forward:
         if self.float_mode:
             return x @ w[0].T
         lv, dw = w
+        bad = ~np.isfinite(x)
+        if bad.any():  # decision forward.nonfinite: the quantizer's rule has no meaning for it
+            t, c = (int(v) for v in np.argwhere(bad)[0])
+            raise NumericError(f"{self.m.path}: non-finite activation {float(x[t, c])!r} at position "
+                               f"{self._pos + t}, element {c} of the input of {name} (decision "
+                               f"forward.nonfinite)")
         xq, xd = quant.q8_0(np.ascontiguousarray(x, dtype=F32))
         t, cols = x.shape
         xb = xq.astype(F32).reshape(t, cols // 32, 32)
@@ -301,16 +308,33 @@ class Forward:
             raise ForwardError(f"{name}: pos {pos} is negative")
         if pos + len(tokens) > self.ctx:
             raise ForwardError(f"{name}: pos {pos} + {len(tokens)} tokens exceeds ctx {self.ctx}")
-        linear = self.m.flags is not None and any(f & 8 for f in self.m.flags)
+        linear = self._has_linear()
         if pos > self.state.filled or (linear and pos != self.state.filled):
             need = "equal to" if linear else "at most"
             raise ForwardError(f"{name}: pos {pos} must be {need} the {self.state.filled} positions "
                                f"already fed (reset() to start over)")
 
+    def _has_linear(self) -> bool:
+        return self.m.flags is not None and any(f & 8 for f in self.m.flags)
+
     def forward(self, tokens, pos: int) -> np.ndarray:
-        """Logits (len(tokens), vocab) float32 of the tokens at positions pos, pos+1, ..."""
+        """Logits (len(tokens), vocab) float32 of the tokens at positions pos, pos+1, ...; a
+        non-finite matrix input raises NumericError and feeds none of the call's positions (a
+        model with linear layers starts over: its recurrent state cannot be undone)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         self._check(tokens, pos)
+        self._pos = pos
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):   # a NaN or inf is judged, not warned of
+                return self._forward(tokens, pos)
+        except NumericError:
+            if self._has_linear():
+                self.state = State()
+            else:
+                self.state.filled = min(self.state.filled, pos)
+            raise
+
+    def _forward(self, tokens: np.ndarray, pos: int) -> np.ndarray:
         h = self.h
         x = self.m.rows("tok_emb", tokens)
         if h["embed_scale"]:

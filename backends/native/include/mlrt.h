@@ -56,10 +56,14 @@ int32_t ml_ctx(const ml_model *m);
 
 /* Logits of tokens[0..n) at positions pos .. pos+n-1, runtime semantics (Q8_0 activations):
  * logits receives n * vocab floats. 0 <= pos <= positions already fed (exactly equal for models
- * with linear-attention layers), pos + n <= ctx, every token < vocab; else ML_E_ARG. */
+ * with linear-attention layers), pos + n <= ctx, every token < vocab; else ML_E_ARG.
+ * ML_E_FORMAT: a matrix input was NaN or infinite (NaN or inf weights in the file, or values that
+ * overflow float32; decision forward.nonfinite). Then logits is unspecified and none of the call's
+ * positions is fed: positions fed becomes pos (0 for a model with linear-attention layers). */
 int ml_forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
 /* The same, but logits receives only the last position's vocab floats (a prompt's prefill that
- * only needs the next token; optional for other libraries). */
+ * only needs the next token; optional for other libraries). The classifier input of the other
+ * positions is not computed, so it is not checked either. */
 int ml_forward_last(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, float *logits);
 
 /* Importance matrix (seed: MLI1): after ml_imatrix_start, every ml_forward adds the squares of

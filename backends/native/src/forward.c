@@ -57,6 +57,7 @@ typedef struct {
     float *att;                 /* n_heads x ctx attention weights */
     int8_t *xq;                 /* a matrix input quantized to Q8_0 ... */
     float *xd;                  /* ... and its scales */
+    int nonfinite;              /* a matrix input was not finite: the call fails (forward.nonfinite) */
 } fstate;
 
 static size_t max4(size_t a, size_t b, size_t c, size_t d) {
@@ -230,9 +231,26 @@ static void im_record(struct ml_model *m, int layer, int slot, const float *x, i
 }
 
 /* ------------------------------------------------------------------ matmul */
+/* 1 if a float of x[0..n) is NaN or infinite: exponent bits all ones (a loop compilers vectorize) */
+static int any_nonfinite(const float *x, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return (int)bad;
+}
+
 /* Quantize n rows of x (cols each) to Q8_0 into the scratch: done once per input, then shared
- * by every matrix that reads it (wq, wk, wv, wg read the same h). */
+ * by every matrix that reads it (wq, wk, wv, wg read the same h). Decision forward.nonfinite: the
+ * quantizer's rule has no meaning for NaN or inf, so such an input fails the call (the layer runs
+ * on, on whatever the scratch holds, and its result is dropped). */
 static void quantize(fstate *s, const float *x, int n, int cols) {
+    if (any_nonfinite(x, (size_t)n * cols)) {
+        s->nonfinite = 1;
+        return;
+    }
     const ml_kernel_table *k = ml_kernels();
     for (int t = 0; t < n; t++)
         k->quantize_q8_0(x + (size_t)t * cols, cols, s->xq + (size_t)t * cols, s->xd + (size_t)t * (cols / QK));
@@ -576,6 +594,7 @@ static void forward_chunk(struct ml_model *m, fstate *s, const int32_t *tokens, 
         add_rows(s->x, s->xb2, width);
         ffn(m, s, l, n);
         add_rows(s->x, s->xb2, width);
+        if (s->nonfinite) return;
     }
 
     rmsnorm_rows(s->xb, s->x, m->final_norm, n, dim, h->norm_eps);
@@ -602,6 +621,11 @@ static int forward(ml_model *m, const int32_t *tokens, int32_t n, int32_t pos, f
             forward_chunk(m, s, tokens + c, len, pos + c, logits + (size_t)c * m->h.vocab, 0);
         else
             forward_chunk(m, s, tokens + c, len, pos + c, logits, c + len == n ? len - 1 : len);
+        if (s->nonfinite) { /* decision forward.nonfinite: none of the call's positions is fed */
+            s->nonfinite = 0;
+            m->filled = s->linear ? 0 : pos; /* a linear layer's state cannot be undone: start over */
+            return ML_E_FORMAT;
+        }
         m->filled = pos + c + len;
     }
     if (m->imatrix) {

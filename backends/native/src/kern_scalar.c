@@ -6,9 +6,10 @@
  * the pragmas below say so for gcc in GNU mode and for clang (whose default contracts within one
  * expression), and the multiply and the add are separate statements.
  *
- * Non-finite input (refused by ml_quantize_q8_0, but an activation can overflow) gets a defined
- * result that every ISA reproduces: amax ignores NaN like _mm256_max_ps(|x|, acc), a NaN quant
- * becomes -127 and +-inf clamp (the comparisons below are exactly max_ps/min_ps's semantics).
+ * Non-finite input (refused by ml_quantize_q8_0, and by ml_forward before it quantizes: decision
+ * forward.nonfinite) still gets a defined result that every ISA reproduces, so that no input is
+ * undefined behaviour: amax ignores NaN like _mm256_max_ps(|x|, acc), a NaN quant becomes -127
+ * and +-inf clamp (the comparisons below are exactly max_ps/min_ps's semantics).
  *
  * Dot products: term_b = (wd[b] * xd[b]) * (float)isum_b (isum_b is exact in float: |isum_b| <=
  * 32 * 127 * 127 < 2^24). Every ISA uses the same order so that the dots are bit-identical too:
