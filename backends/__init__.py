@@ -1,9 +1,10 @@
 """Backends and their registry (``mlconf.backends``).
 
 Names (DESIGN.md): ``reference``, ``native`` (the C runtime, best ISA), ``native:scalar``,
-``native:avx2``, ``native:neon``, ``native:neon-dotprod`` (one ISA forced; the NEON ones under
-qemu-user on hosts that are not aarch64), ``bitnet`` (the I2_S path in C, libmlbitnet.so: I2_S
-math and BitNet GGUF embeddings, best ISA), ``bitnet:scalar``, ``bitnet:avx2`` (one ISA forced),
+``native:avx2``, ``native:avxvnni``, ``native:avx512``, ``native:neon``, ``native:neon-dotprod`` (one
+ISA forced; the NEON ones under qemu-user on hosts that are not aarch64), ``bitnet`` (the I2_S path
+in C, libmlbitnet.so: I2_S math and BitNet GGUF embeddings, best ISA), ``bitnet:scalar``,
+``bitnet:avx2``, ``bitnet:avxvnni``, ``bitnet:avx512`` (one ISA forced),
 ``lib:PATH`` (any shared library exporting backends/native/include/mlrt.h). A name is resolved by
 ``get``; ``builtin_names`` lists the ones ``mlconf run`` uses when no backend is named: reference,
 and native and bitnet when their libraries are built and load.
@@ -108,7 +109,7 @@ def _cmd(name: str) -> Backend:
 
 register("reference", _reference)
 register("native", _native, builtin=_native_available)
-for _isa in ("scalar", "avx2", "neon", "neon-dotprod"):
+for _isa in ("scalar", "avx2", "avxvnni", "avx512", "neon", "neon-dotprod"):
     register(f"native:{_isa}", _native, builtin=False)
 register("bitnet", _bitnet, builtin=_bitnet_available)
 for _isa in ("scalar", "avx2", "avxvnni", "avx512"):

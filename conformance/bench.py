@@ -22,6 +22,8 @@ from mlconf.bench_output import Timing, document, section, timed
 from mlconf.bench_output import table as format_table
 
 BW_BYTES = 256 << 20
+# the tables the kernel benches try, each skipped where it cannot run (native and bitnet name theirs alike)
+SIMD_ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon")
 
 
 def copy_bandwidth(nbytes: int = BW_BYTES, repeat: int = 3) -> float:
@@ -240,7 +242,7 @@ def _bench_lib():
     return ffi.dlopen(str(LIBRARY))
 
 
-def native_kernel_bench(isas: tuple[str, ...] = ("scalar", "avx2", "neon")) -> tuple[float, list[dict]]:
+def native_kernel_bench(isas: tuple[str, ...] = SIMD_ISAS) -> tuple[float, list[dict]]:
     """(read GB/s of the C read kernel over 512 MB, rows): matvec GB/s of weight bytes per ISA,
     type, shape and thread count against that bandwidth; in-cache ns per kernel call on 4096
     values, and ns per 32 values."""
@@ -525,7 +527,7 @@ def _bitnet_lib():
     return ffi, ffi.dlopen(str(LIBRARY))
 
 
-def bitnet_matvec_bench(isas: tuple[str, ...] = ("scalar", "avx2", "neon"), threads: tuple[int, ...] = (1, 2),
+def bitnet_matvec_bench(isas: tuple[str, ...] = SIMD_ISAS, threads: tuple[int, ...] = (1, 2),
                         iters: int = 5) -> tuple[float, list[dict]]:
     """(read GB/s, rows): I2_S matvec on I2S_MATVEC_SHAPES per ISA and thread count (weight bytes
     streamed: 2 bits per weight + the 32-byte tail), beside the native runtime's Q8_0 and Q4_0

@@ -148,8 +148,10 @@ def cmd_backends(args) -> int:
         print("\nPlug-ins (entry points of mlconf.backends; run one with -b NAME):")
         for p in found:
             print(f"  {p.name}: {p.value} ({p.dist or 'unknown distribution'}): {p.error or 'ok'}")
-    print("\nAlso: native:scalar, native:avx2, native:neon, native:neon-dotprod (the native runtime with one "
-          "ISA forced), bitnet:scalar, bitnet:avx2 (the bitnet runtime with one ISA forced), lib:PATH "
+    from mlconf.backends import bitnet, native
+    print(f"\nAlso: {', '.join(f'native:{i}' for i in native.ISAS)} (the native runtime with one ISA "
+          f"forced), {', '.join(f'bitnet:{i}' for i in bitnet.ISAS)} (the bitnet runtime with one ISA "
+          "forced; `runs` above names the ones this machine has), lib:PATH "
           "(any shared library exporting the C ABI of backends/native/include/mlrt.h or some of it) and "
           "cmd:PROGRAM [ARGS] (any program speaking the line-based JSON protocol of backends/cmd).")
     return 0

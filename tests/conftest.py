@@ -152,3 +152,28 @@ def valid_models(draw, max_layers: int = 3, max_q_dim: int = 256) -> tuple[dict,
 def valid_model_strategy():
     """A hypothesis strategy of (header, flags) of small valid models (draw it with st.data())."""
     return valid_models()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which kernel tables this machine runs, whose tests (each SIMD table against its scalar twin)
+    run here, and which are skipped for lack of hardware or run under qemu."""
+    from mlconf.backends import BackendError, bitnet, get, native
+    lines = []
+    for name, isas in (("native", native.ISAS), ("bitnet", bitnet.ISAS)):
+        try:
+            b = get(name)
+        except BackendError:
+            continue
+        try:
+            ran = [i for i in isas if i in b.tables]
+            qemu = [i for i in isas if i.startswith("neon") and i not in b.tables]
+            skipped = [i for i in isas if i not in b.tables and i not in qemu]
+        finally:
+            b.close()
+        line = (f"{name}: this CPU runs {' '.join(ran) or 'none'}; "
+                f"their tests skip {' '.join(skipped) or 'none'} (not on this CPU)")
+        lines.append(line + (f"; under qemu-aarch64: {' '.join(qemu)}" if qemu else ""))
+    if lines:
+        terminalreporter.write_sep("-", "kernel tables")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -125,6 +125,23 @@ def test_file_paths_are_relative_to_the_callers_cwd(tmp_path, monkeypatch):
         b.close()
 
 
+def test_the_tables_this_machine_runs_can_be_forced():
+    """`mlconf backends` names the kernel tables the library runs here (the worker asks ml_set_isa);
+    native:ISA runs on exactly that one."""
+    b = get("native")
+    try:
+        assert "scalar" in b.tables and b.isa in b.tables, b.tables
+        assert "runs " + " ".join(b.tables) in b.description
+    finally:
+        b.close()
+    for isa in b.tables:
+        forced = get(f"native:{isa}")
+        try:
+            assert forced.isa == isa and forced.capabilities, (isa, forced.description)
+        finally:
+            forced.close()
+
+
 def test_timeout_setting(libs, monkeypatch):
     monkeypatch.setenv("MLCONF_WORKER_TIMEOUT", "7.5")
     assert get(f"lib:{libs['crash']}").timeout == 7.5

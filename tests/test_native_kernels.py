@@ -45,7 +45,8 @@ MACHINE = platform.machine()
 X86 = MACHINE in ("x86_64", "AMD64")
 ARM = MACHINE in ("aarch64", "arm64")
 # The ISAs this machine's build can have; one not runnable on this CPU is skipped with a reason.
-ISAS = ["scalar"] + (["avx2"] if X86 else []) + (["neon-dotprod", "neon"] if ARM else [])  # best first
+ISAS = (["scalar"] + (["avxvnni", "avx512", "avx2"] if X86 else [])      # best first (src/dispatch.c)
+        + (["neon-dotprod", "neon"] if ARM else []))
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
 CDEF = """
 int mlrt_test_kernel(const char *isa, const char *op, int n, const void *a, const void *b,
@@ -163,6 +164,9 @@ def test_avx2_detection_agrees_with_the_kernel_s_view(kern):
             flags = set(line.split(":", 1)[1].split())
             break
     assert kern.runnable("avx2") == ({"avx2", "fma", "f16c"} <= flags)
+    assert kern.runnable("avxvnni") == ({"avx2", "fma", "f16c", "avx_vnni"} <= flags)
+    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+    assert kern.runnable("avx512") == ({"avx2", "fma", "f16c"} | avx512 <= flags)
 
 
 ENV_ISA_PROBE = """
@@ -547,16 +551,21 @@ def test_neon_quantize_matches_reference(neon_driver, table):
 
 @pytest.mark.skipif(not X86, reason="the AVX2 driver build is for x86-64")
 def test_avx2_driver_sanitized(tmp_path):
-    """The same driver natively against the AVX2 table, under AddressSanitizer + UBSan (loads past
-    a block's end, misaligned accesses, signed overflow in the sums)."""
+    """The same driver natively against the x86 tables this CPU runs (AVX2, AVX-VNNI, AVX-512),
+    under AddressSanitizer + UBSan (loads past a block's end, misaligned accesses, signed overflow
+    in the sums). The ISA flags are build.py's."""
     san = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+    isa_flags = _load_build_module().ISA_FLAGS
+    tables = ("kern_avx2.c", "kern_avxvnni.c", "kern_avx512.c")
     srcs = [(NATIVE / "tests" / "neon_main.c", san), (SRC / "kern_scalar.c", san), (SRC / "dispatch.c", san),
-            (SRC / "cpu.c", san), (SRC / "kern_avx2.c", [*san, "-mavx2", "-mfma", "-mf16c"])]
+            (SRC / "cpu.c", san), *((SRC / t, [*san, *isa_flags[t][1]]) for t in tables)]
     exe = _compile("gcc", tmp_path / "kern_main", srcs, san)
     r = _run([str(exe), "--rounds", "300"])
     if r.returncode and "avx2: not runnable" in r.stdout:
         pytest.skip("this CPU has no AVX2")
     assert r.returncode == 0, r.stdout + r.stderr
+    for isa in ("avx2", "avxvnni", "avx512"):
+        assert f"{isa}: quantize" in r.stdout or f"{isa}: not runnable here" in r.stdout, r.stdout
     assert "avx2: quantize" in r.stdout and r.stdout.rstrip().endswith("OK")
 
 

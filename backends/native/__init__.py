@@ -31,7 +31,7 @@ from . import abi
 
 HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libmlrt.so"      # pip install builds it here (editable installs: in the source tree)
-ISAS = ("scalar", "avx2", "neon", "neon-dotprod")
+ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon", "neon-dotprod")
 DEFAULT_TIMEOUT = 60.0             # seconds per call; MLCONF_WORKER_TIMEOUT overrides it
 MAX_TIMEOUT = 1e6                  # ~11 days: beyond what the clocks and select() take
 TIMEOUT_ENV = "MLCONF_WORKER_TIMEOUT"
@@ -88,6 +88,7 @@ class LibraryBackend:
         info = self._worker.start()          # BackendError if it cannot be loaded
         self.symbols = frozenset(info["symbols"])
         self.version, self.isa = info["version"], info["isa"]
+        self.tables = tuple(info.get("tables", ()))   # the kernel tables it runs on this machine
         if info["isa_error"]:
             why = (f"{name}: ISA {isa} is not available in this library on this machine "
                    f"({platform.machine()}): {info['isa_error']}")
@@ -101,7 +102,8 @@ class LibraryBackend:
         self.unsupported = {
             c: f"{self.lib_path} does not export {', '.join(s for s in syms if s not in self.symbols)}"
             for c, syms in abi.CAPABILITY_SYMBOLS.items() if c not in self.capabilities}
-        self.description = ", ".join(s for s in (self.version, f"ISA {self.isa}" if self.isa else "",
+        runs = f"runs {' '.join(self.tables)}" if self.tables else ""
+        self.description = ", ".join(s for s in (self.version, f"ISA {self.isa}" if self.isa else "", runs,
                                                   self.lib_path) if s)
 
     # -- plumbing

@@ -45,6 +45,9 @@ SANITIZE = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=
             "-fno-omit-frame-pointer"]   # --sanitize and the fuzz targets
 ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
     "kern_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
+    "kern_avxvnni.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"]),
+    "kern_avx512.c": (("x86_64", "AMD64"),
+                      ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]),
     "kern_neon.c": (("aarch64", "arm64"), []),
     "kern_neon_dotprod.c": (("aarch64", "arm64"), ["-march=armv8.2-a+dotprod"]),
     "i2s_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),

@@ -10,7 +10,8 @@ first, so whatever the library prints cannot corrupt it): each message is an 8-b
 length and a pickle.
 - worker -> harness, once at start: ("ready", info) with info = {"symbols": [exported ABI
   functions], "version": ml_version(), "isa": ml_isa(), "isa_error": "" or why ml_set_isa
-  refused}, or ("fatal", message) if the library cannot be loaded (then the worker exits 1).
+  refused, "tables": the kernel tables ml_set_isa accepts on this machine}, or ("fatal",
+  message) if the library cannot be loaded (then the worker exits 1).
 - harness -> worker: (op, args), op one of the _Server methods below; the answer is
   ("ok", result) or ("exc", exception class name, message) for a bug of the worker itself.
 - End of input: the worker frees nothing and exits 0.
@@ -104,6 +105,7 @@ class _Server:
         self.objects: dict[int, Any] = {}
         self.next_handle = 1
         isa_error = ""
+        tables = self._tables()
         if isa:
             if "ml_set_isa" not in self.symbols:
                 isa_error = f"{lib_path} exports no ml_set_isa, so ISA {isa!r} cannot be chosen"
@@ -112,7 +114,17 @@ class _Server:
                 if st != abi.ML_OK:
                     isa_error = f"ml_set_isa({isa!r}) returned {abi.status_name(st)}"
         self.info = {"symbols": self.symbols, "version": self._str("ml_version"), "isa": self._str("ml_isa"),
-                     "isa_error": isa_error}
+                     "isa_error": isa_error, "tables": tables}
+
+    def _tables(self) -> list[str]:
+        """The kernel tables this library runs on this machine (ml_set_isa accepts them), the
+        automatic choice restored after the probe; [] without ml_set_isa and ml_isa."""
+        if not {"ml_set_isa", "ml_isa"} <= set(self.symbols):
+            return []
+        auto = self.ffi.string(self.lib.ml_isa())
+        found = [n for n in self.abi.ISA_NAMES if self.lib.ml_set_isa(n.encode()) == self.abi.ML_OK]
+        self.lib.ml_set_isa(auto)
+        return found
 
     def _has(self, name: str) -> bool:
         try:

@@ -34,8 +34,8 @@ int ml_cpu_avxvnni(void) {
 int ml_cpu_avx512vnni(void) {
     unsigned a, b, c, d;
     if (!ml_cpu_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    const unsigned f = 1u << 16, bw = 1u << 30; /* EBX: AVX512F, AVX512BW */
-    if ((b & (f | bw)) != (f | bw) || !((c >> 11) & 1)) return 0; /* ECX bit 11: AVX512_VNNI */
+    const unsigned f = 1u << 16, bw = 1u << 30, vl = 1u << 31; /* EBX: AVX512F, AVX512BW, AVX512VL */
+    if ((b & (f | bw | vl)) != (f | bw | vl) || !((c >> 11) & 1)) return 0; /* ECX bit 11: AVX512_VNNI */
     return (xgetbv0() & 0xE0) == 0xE0; /* XCR0 bits 5..7: opmask, ZMM0-15 upper halves, ZMM16-31 */
 }
 #else

@@ -10,8 +10,8 @@ int ml_cpu_avx2(void);
 /* 1 when ml_cpu_avx2() and the CPU has AVX-VNNI (VEX vpdpbusd, cpuid leaf 7.1 EAX bit 4). */
 int ml_cpu_avxvnni(void);
 
-/* 1 when ml_cpu_avx2() and the CPU has AVX-512 F, BW and VNNI and the OS saves the opmask and ZMM
- * registers (XCR0 bits 5, 6, 7). A CPU can advertise a feature the OS leaves disabled. */
+/* 1 when ml_cpu_avx2() and the CPU has AVX-512 F, BW, VL and VNNI and the OS saves the opmask and
+ * ZMM registers (XCR0 bits 5, 6, 7). A CPU can advertise a feature the OS leaves disabled. */
 int ml_cpu_avx512vnni(void);
 
 /* The MLRT_ISA environment variable (e.g. "scalar"), or NULL when unset or empty: the table a

@@ -4,8 +4,9 @@
  *
  * The first choice is the table MLRT_ISA names, if runnable, else the best runnable one (cpu.h).
  * x86-64: "avx2" needs AVX2, FMA and F16C (the flags kern_avx2.c is compiled with) and the OS's
- * saving of the YMM registers (cpu.c: cpuid and xgetbv). The 32-bit x86 build
- * has no AVX2 table. aarch64: "neon" is baseline; "neon-dotprod" needs HWCAP_ASIMDDP (Linux) or
+ * saving of the YMM registers (cpu.c: cpuid and xgetbv); "avxvnni" also AVX-VNNI; "avx512" AVX-512
+ * F, BW, VL and VNNI with the OS saving the opmask and ZMM state (a CPU can advertise a feature the
+ * OS leaves off, as AMX in some VMs). The 32-bit x86 build has no SIMD table. aarch64: "neon" is baseline; "neon-dotprod" needs HWCAP_ASIMDDP (Linux) or
  * hw.optional.arm.FEAT_DotProd (macOS).
  */
 #include <string.h>
@@ -27,9 +28,9 @@
 
 static int runnable(const ml_kernel_table *t) {
 #if defined(__x86_64__)
-    if (t == &ml_kernels_avx2) {
-        return ml_cpu_avx2();
-    }
+    if (t == &ml_kernels_avx2) return ml_cpu_avx2();
+    if (t == &ml_kernels_avxvnni) return ml_cpu_avxvnni();
+    if (t == &ml_kernels_avx512) return ml_cpu_avx512vnni();
 #endif
 #if defined(__aarch64__)
     if (t == &ml_kernels_neon_dotprod) {
@@ -50,7 +51,9 @@ static int runnable(const ml_kernel_table *t) {
 
 /* Best first. */
 static const ml_kernel_table *const tables[] = {
-#if defined(__x86_64__)
+#if defined(__x86_64__) /* VEX before EVEX: the same kernels, and no AVX-512 frequency licence */
+    &ml_kernels_avxvnni,
+    &ml_kernels_avx512,
     &ml_kernels_avx2,
 #endif
 #if defined(__aarch64__)

@@ -14,7 +14,7 @@
 #define QK 32  /* values per block */
 
 typedef struct {
-    const char *name;  /* "scalar", "avx2", "neon", "neon-dotprod" */
+    const char *name;  /* "scalar", "avx2", "avxvnni", "avx512", "neon", "neon-dotprod" */
     /* Q8_0 of n floats (n % 32 == 0), f32 scales, the seed's float32 operations: activations. */
     void (*quantize_q8_0)(const float *x, int n, int8_t *q, float *d);
     /* Integer sums of nb blocks: out[b] = sum_j w[32b + j] * x[32b + j]. */
@@ -55,6 +55,8 @@ const ml_kernel_table *ml_kernels_named(const char *name); /* NULL if not built 
 extern const ml_kernel_table ml_kernels_scalar;
 #if defined(__x86_64__) || defined(__i386__)
 extern const ml_kernel_table ml_kernels_avx2;        /* compiled with -mavx2 -mfma -mf16c */
+extern const ml_kernel_table ml_kernels_avxvnni;     /* ... and -mavxvnni */
+extern const ml_kernel_table ml_kernels_avx512;      /* ... and -mavx512f -mavx512bw -mavx512vl -mavx512vnni */
 #endif
 #if defined(__aarch64__)
 extern const ml_kernel_table ml_kernels_neon;

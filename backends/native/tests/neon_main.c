@@ -2,7 +2,7 @@
  *
  * Written for aarch64 under qemu-user (tests/test_native_kernels.py cross-compiles it with
  * kern_scalar.c, kern_neon.c, kern_neon_dotprod.c, dispatch.c and cpu.c, -static), and builds
- * as well on x86-64 with kern_avx2.c. Every runnable non-scalar table is compared with ml_kernels_scalar:
+ * as well on x86-64 with kern_avx2.c, kern_avxvnni.c and kern_avx512.c. Every runnable non-scalar table is compared with ml_kernels_scalar:
  * quantizer bytes and scale bits, integer block sums and dot products (all ISAs use one float
  * order, so the dots are bit-identical too) on edge and random inputs; the four-row dots (dot4)
  * give each row the scalar single-row dot's bits.
@@ -257,7 +257,8 @@ static void int_tests(const ml_kernel_table *t, int rounds, stats *st) {
 }
 
 /* ------------------------------------------------------------------ main */
-static const char *const simd_names[] = {"avx2", "neon", "neon-dotprod"};
+static const char *const simd_names[] = {"avxvnni", "avx512", "avx2", "neon", "neon-dotprod"};
+#define N_SIMD (int)(sizeof simd_names / sizeof simd_names[0])
 
 static int quantize_stdin(const char *isa) {
     const ml_kernel_table *t = ml_kernels_named(isa);
@@ -301,7 +302,7 @@ int main(int argc, char **argv) {
         printf("FAIL: expected the automatic choice %s\n", expect);
         fail = 1;
     }
-    const ml_kernel_table *tabs[3];
+    const ml_kernel_table *tabs[N_SIMD];
     int nt = 0;
     if (force) {
         if (ml_set_isa(force) != ML_OK || strcmp(ml_kernels()->name, force) != 0 || strcmp(ml_isa(), force) != 0) {
@@ -311,7 +312,7 @@ int main(int argc, char **argv) {
         printf("forced: %s\n", ml_isa());
         tabs[nt++] = ml_kernels();
     } else {
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < N_SIMD; i++) {
             const ml_kernel_table *t = ml_kernels_named(simd_names[i]);
             if (t) tabs[nt++] = t;
             else printf("%s: not runnable here\n", simd_names[i]);

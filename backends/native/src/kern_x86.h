@@ -1,0 +1,387 @@
+/* kern_x86.h: the x86-64 kernels. kern_avx2.c, kern_avxvnni.c and kern_avx512.c include it, each
+ * compiled with its ISA's flags (build.py ISA_FLAGS), and each declares its table; one is chosen
+ * at run time from cpuid and the OS's enabled state (dispatch.c). Twin: kern_scalar.c, which
+ * states the rules. No path without a test that runs it where the hardware exists
+ * (tests/test_native_kernels.py compares every table with the scalar twin).
+ *
+ * Quantizer: the same float32 operations as the scalar twin, eight lanes at a time. gcc's
+ * _mm256_mul_ps / _mm256_add_ps are plain vector `*` and `+`, which -ffp-contract=fast would
+ * fuse into vfmadd under -mfma: the pragma keeps them two roundings (the tests compare bytes).
+ *
+ * Integer sums use the sign trick: maddubs multiplies unsigned by signed bytes, so
+ * |w| = sign(w, w) becomes the unsigned operand and x * sign(w) = sign(x, w) the signed one;
+ * |w| * (x * sign(w)) = w * x. Pairs of products fit int16 (2 * 127 * 127 = 32258 < 32767,
+ * no saturation) and madd with ones widens them to int32. This is why the loader refuses the
+ * Q8_0 byte -128 (seed): with w = -128, sign(x, w) would have to negate an x of -128. Q8_0
+ * activations and weights are in [-127, 127], and Q4_0 weights in [-8, 7], so it is exact.
+ *
+ * With VNNI (AVX-VNNI's VEX vpdpbusd, or AVX-512 VNNI's EVEX one on 256-bit vectors with
+ * AVX512VL) one instruction sums four u8 x s8 products into an int32 lane, where AVX2 needs
+ * maddubs (int16 pairs) then madd: the same exact integers, so every table gives the same bits.
+ */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#elif defined(__AVXVNNI__)
+#define DPBUSD(u, s) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), (u), (s))
+#endif
+
+static inline float hmax8(__m256 v) { /* max is exact: any order gives the scalar result */
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static void quantize_q8_0(const float *x, int n, int8_t *q, float *d) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 signmask = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    const __m256 half = _mm256_set1_ps(0.5f);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    /* packs interleave 128-bit lanes: this restores element order */
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < n / QK; b++, x += QK, q += QK) {
+        __m256 v[4];
+        __m256 acc = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            acc = _mm256_max_ps(_mm256_and_ps(v[k], absmask), acc); /* NaN |x| loses: acc kept */
+        }
+        float amax = hmax8(acc);
+        if (amax < 1e-30f) {
+            d[b] = 0.0f;
+            _mm256_storeu_si256((__m256i *)q, _mm256_setzero_si256());
+            continue;
+        }
+        const __m256 id = _mm256_set1_ps(127.0f / amax);
+        d[b] = amax / 127.0f;
+        __m256i i[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 t = _mm256_mul_ps(v[k], id);
+            t = _mm256_add_ps(t, _mm256_or_ps(_mm256_and_ps(v[k], signmask), half));
+            t = _mm256_min_ps(_mm256_max_ps(t, lo), hi); /* NaN -> -127, as the scalar twin */
+            i[k] = _mm256_cvttps_epi32(t);               /* truncation */
+        }
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, perm));
+    }
+}
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define QB(w, b) ((w) + (size_t)(b) * QK)        /* Q8_0 block b */
+#define Q4B(w, b) ((w) + (size_t)(b) * (QK / 2)) /* Q4_0 block b */
+
+ALWAYS_INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 int16 pair sums of one block, given |w| (aw) and w: |w| * (x * sign(w)) = w * x */
+ALWAYS_INLINE __m256i pairs_i8(__m256i aw, __m256i w, __m256i x) {
+    return _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+}
+
+/* 8 int32 partial sums of one block, given |w| (aw) and w */
+ALWAYS_INLINE __m256i part_i8(__m256i aw, __m256i w, __m256i x) {
+#ifdef DPBUSD
+    return DPBUSD(aw, _mm256_sign_epi8(x, w));
+#else
+    return _mm256_madd_epi16(pairs_i8(aw, w, x), _mm256_set1_epi16(1));
+#endif
+}
+
+/* 8 int32 partial sums of one block: w and x as 32 signed bytes each. */
+ALWAYS_INLINE __m256i block_i8(__m256i w, __m256i x) { return part_i8(_mm256_sign_epi8(w, w), w, x); }
+
+ALWAYS_INLINE __m256i block_q8_0(const int8_t *w, const int8_t *x) { return block_i8(load32(w), load32(x)); }
+
+/* Q4_0: 16 bytes, element j in the low nibble of byte j and j + 16 in the high nibble, so
+ * [bytes & 15 | bytes >> 4] is elements 0..31 in order: the unsigned nibbles u = w + 8. */
+ALWAYS_INLINE __m256i nibbles(const uint8_t *w) {
+    __m128i b = _mm_loadu_si128((const __m128i *)w);
+    __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+ALWAYS_INLINE __m256i unpack_q4_0(const uint8_t *w) { return _mm256_sub_epi8(nibbles(w), _mm256_set1_epi8(8)); }
+
+ALWAYS_INLINE __m256i block_q4_0(const uint8_t *w, const int8_t *x) {
+#ifdef DPBUSD /* u x - 8 x in int32: no sign trick needed, u is a fine unsigned operand */
+    __m256i xv = load32(x);
+    return _mm256_sub_epi32(DPBUSD(nibbles(w), xv), DPBUSD(_mm256_set1_epi8(8), xv));
+#else
+    return block_i8(unpack_q4_0(w), load32(x));
+#endif
+}
+
+/* Q4_0 pair sums without the sign trick: u is a fine unsigned operand, and maddubs(u, x) -
+ * maddubs(8, x) is the pairs of (u - 8) x = w x, exact: |u x pair| <= 3810, |8 x pair| <= 2032. */
+ALWAYS_INLINE __m256i pairs_q4_0(const uint8_t *w, const int8_t *x) {
+    __m256i xv = load32(x);
+    return _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles(w), xv), _mm256_maddubs_epi16(_mm256_set1_epi8(8), xv));
+}
+
+/* Four blocks' 8-lane partials reduced to [s0 s1 s2 s3] in each 128-bit half (integers: exact
+ * in any order); hsum4 adds the halves: the four block sums in block order. */
+ALWAYS_INLINE __m256i hsum4_halves(__m256i a, __m256i b, __m256i c, __m256i d) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+}
+
+ALWAYS_INLINE __m128i add_halves(__m256i s) {
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+ALWAYS_INLINE __m128i hsum4(__m256i a, __m256i b, __m256i c, __m256i d) { return add_halves(hsum4_halves(a, b, c, d)); }
+
+/* The same from four blocks' int16 pair sums when every product is at most 8 * 127 (Q4_0): two
+ * hadd_epi16 keep sums of 8 products (<= 8128) in int16, one madd widens them: 3 madds fewer. */
+ALWAYS_INLINE __m256i hsum4_16_halves(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i s = _mm256_hadd_epi16(_mm256_hadd_epi16(a, b), _mm256_hadd_epi16(c, d));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+
+ALWAYS_INLINE __m128i hsum4_16(__m256i a, __m256i b, __m256i c, __m256i d) {
+    return add_halves(hsum4_16_halves(a, b, c, d));
+}
+
+/* [low half + high half of a | of b]: two rows' or two groups' block sums in one vector */
+ALWAYS_INLINE __m256i join_halves(__m256i a, __m256i b) {
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+static inline int32_t hsum1(__m256i a) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+static void isums_q8_0(int nb, const int8_t *w, const int8_t *x, int32_t *out) {
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
+        _mm_storeu_si128((__m128i *)(out + b),
+                         hsum4(block_q8_0(QB(w, b), QB(x, b)), block_q8_0(QB(w, b + 1), QB(x, b + 1)),
+                               block_q8_0(QB(w, b + 2), QB(x, b + 2)), block_q8_0(QB(w, b + 3), QB(x, b + 3))));
+    for (; b < nb; b++) out[b] = hsum1(block_q8_0(QB(w, b), QB(x, b)));
+}
+
+static void isums_q4_0(int nb, const uint8_t *w, const int8_t *x, int32_t *out) {
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
+        _mm_storeu_si128((__m128i *)(out + b),
+                         hsum4(block_q4_0(Q4B(w, b), QB(x, b)), block_q4_0(Q4B(w, b + 1), QB(x, b + 1)),
+                               block_q4_0(Q4B(w, b + 2), QB(x, b + 2)), block_q4_0(Q4B(w, b + 3), QB(x, b + 3))));
+    for (; b < nb; b++) out[b] = hsum1(block_q4_0(Q4B(w, b), QB(x, b)));
+}
+
+/* Dots in the scalar twin's order: lane k of acc takes blocks b = k (mod 4); each term is
+ * (wd * xd) * isum, two roundings (no FMA); then (l0 + l1) + (l2 + l3); then the tail. */
+ALWAYS_INLINE __m128 terms4(__m128 wd4, const float *xd, __m128i isum) {
+    __m128 s = _mm_mul_ps(wd4, _mm_loadu_ps(xd));
+    return _mm_mul_ps(s, _mm_cvtepi32_ps(isum));
+}
+
+static inline float lanes(__m128 acc) {
+    __m128 h = _mm_hadd_ps(acc, acc); /* l0 + l1, l2 + l3 */
+    return _mm_cvtss_f32(_mm_hadd_ps(h, h));
+}
+
+/* s + the terms of the blocks whose sums are in is[0..], from block b to nb - 1, in order */
+static inline float tail(float s, int b, int nb, const float *wd, const float *xd, __m128i isum) {
+    int32_t is[4];
+    _mm_storeu_si128((__m128i *)is, isum);
+    for (int k = 0; b < nb; b++, k++) {
+        float t = wd[b] * xd[b];
+        t = t * (float)is[k];
+        s = s + t;
+    }
+    return s;
+}
+
+/* Eight blocks per step: their sums in one vector [b..b+3 | b+4..b+7], the terms computed 8 wide,
+ * then added to the 4 lanes low half first: the order of two steps of four. */
+#define DOT1(BLOCK, HSUM_HALVES, HSUM)                                                          \
+    do {                                                                                        \
+        __m128 acc = _mm_setzero_ps();                                                          \
+        int b = 0;                                                                              \
+        for (; b + 8 <= nb; b += 8) {                                                           \
+            __m256i lo = HSUM_HALVES(BLOCK(b), BLOCK(b + 1), BLOCK(b + 2), BLOCK(b + 3));       \
+            __m256i hi = HSUM_HALVES(BLOCK(b + 4), BLOCK(b + 5), BLOCK(b + 6), BLOCK(b + 7));   \
+            __m256i is = join_halves(lo, hi);                                                   \
+            __m256 t = _mm256_mul_ps(_mm256_loadu_ps(wd + b), _mm256_loadu_ps(xd + b));         \
+            t = _mm256_mul_ps(t, _mm256_cvtepi32_ps(is));                                       \
+            acc = _mm_add_ps(acc, _mm256_castps256_ps128(t));                                   \
+            acc = _mm_add_ps(acc, _mm256_extractf128_ps(t, 1));                                 \
+        }                                                                                       \
+        if (b + 4 <= nb) {                                                                      \
+            acc = _mm_add_ps(acc, terms4(_mm_loadu_ps(wd + b), xd + b,                          \
+                                         HSUM(BLOCK(b), BLOCK(b + 1), BLOCK(b + 2), BLOCK(b + 3)))); \
+            b += 4;                                                                             \
+        }                                                                                       \
+        float s = lanes(acc);                                                                   \
+        if (b == nb) return s;                                                                  \
+        __m256i p[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), \
+                        _mm256_setzero_si256()};                                                \
+        for (int k = 0; b + k < nb; k++) p[k] = BLOCK(b + k);                                   \
+        return tail(s, b, nb, wd, xd, HSUM(p[0], p[1], p[2], p[3])); /* absent blocks: 0 */     \
+    } while (0)
+
+#define BLOCK_Q8(b) block_q8_0(QB(w, b), QB(x, b))
+#define PAIRS_Q4(b) pairs_q4_0(Q4B(w, b), QB(x, b))
+
+static float dot_q8_0(int nb, const int8_t *w, const float *wd, const int8_t *x, const float *xd) {
+    DOT1(BLOCK_Q8, hsum4_halves, hsum4);
+}
+
+#define BLOCK_Q4(b) block_q4_0(Q4B(w, b), QB(x, b))
+
+static float dot_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *x, const float *xd) {
+#ifdef DPBUSD
+    DOT1(BLOCK_Q4, hsum4_halves, hsum4);
+#else
+    DOT1(PAIRS_Q4, hsum4_16_halves, hsum4_16);
+#endif
+}
+
+/* Four rows x[t]: a weight block's |w| (and Q4_0's unpacking) is computed once for the four,
+ * then row t takes dot_q8_0's steps: rows 0, 1 share the accumulator acc01 (row 0 in the low
+ * half, lane k its lane k), rows 2, 3 acc23, so that the reduction's last steps and the terms
+ * run 8 wide. Written out without arrays of vectors: gcc -O2 keeps those in memory (and stores
+ * them in halves). */
+
+#ifdef DPBUSD /* PART: a block's int32 partials; the same reduction for both formats */
+#define PART part_i8
+#define HSUM_Q8 hsum4_halves
+#define HSUM_Q4 hsum4_halves
+#else /* PART: int16 pairs; Q8_0 madds them to int32 first (2 * 127 * 127 pairs do not add in int16) */
+#define PART pairs_i8
+#define HSUM_Q8(a, b, c, d)                                                                      \
+    hsum4_halves(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones), _mm256_madd_epi16(c, ones), \
+                 _mm256_madd_epi16(d, ones))
+#define HSUM_Q4 hsum4_16_halves
+#endif
+
+/* blocks b..b+3 of row x against the weight blocks w0..w3 (|w| in a0..a3), halves not added */
+#define ROW_HALVES(HSUM, x)                                                                      \
+    HSUM(PART(a0, w0, load32(x)), PART(a1, w1, load32((x) + QK)),                                \
+         PART(a2, w2, load32((x) + 2 * QK)), PART(a3, w3, load32((x) + 3 * QK)))
+
+/* acc (rows t, u in the low, high half) + their terms of blocks b..b+3 */
+#define TWO_ROWS(HSUM, acc, t, u)                                                                \
+    do {                                                                                         \
+        __m256i is = join_halves(ROW_HALVES(HSUM, QB(x[t], b)), ROW_HALVES(HSUM, QB(x[u], b)));   \
+        __m256 sc = _mm256_mul_ps(wd8, _mm256_loadu2_m128(xd[u] + b, xd[t] + b));                 \
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(is)));                      \
+    } while (0)
+
+/* lane t: s + (wd * xd[t][b]) * isum_t, tail's steps, for weight block w of block b */
+ALWAYS_INLINE __m128 tail4(__m128 s, float wd, const float *const xd[4], int b, __m256i w, const int8_t *const x[4]) {
+    __m256i a = _mm256_sign_epi8(w, w);
+    __m128i is = hsum4(part_i8(a, w, load32(QB(x[0], b))), part_i8(a, w, load32(QB(x[1], b))),
+                       part_i8(a, w, load32(QB(x[2], b))), part_i8(a, w, load32(QB(x[3], b))));
+    __m128 t = _mm_mul_ps(_mm_set1_ps(wd), _mm_setr_ps(xd[0][b], xd[1][b], xd[2][b], xd[3][b]));
+    t = _mm_mul_ps(t, _mm_cvtepi32_ps(is));
+    return _mm_add_ps(s, t);
+}
+
+/* The body of dot4_*: LOAD(b) gives weight block b as 32 signed bytes. */
+#define DOT4(LOAD, HSUM)                                                                         \
+    do {                                                                                         \
+        const __m256i ones = _mm256_set1_epi16(1);                                               \
+        (void)ones;                                                                              \
+        __m256 acc01 = _mm256_setzero_ps(), acc23 = acc01;                                       \
+        int b = 0;                                                                               \
+        for (; b + 4 <= nb; b += 4) {                                                            \
+            __m256i w0 = LOAD(b), w1 = LOAD(b + 1), w2 = LOAD(b + 2), w3 = LOAD(b + 3);          \
+            __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);                \
+            __m256i a2 = _mm256_sign_epi8(w2, w2), a3 = _mm256_sign_epi8(w3, w3);                \
+            const __m256 wd8 = _mm256_broadcast_ps((const __m128 *)(wd + b));                    \
+            TWO_ROWS(HSUM, acc01, 0, 1);                                                         \
+            TWO_ROWS(HSUM, acc23, 2, 3);                                                         \
+        }                                                                                        \
+        /* lane t: (l0 + l1) + (l2 + l3) of row t */                                              \
+        __m128 s = _mm_hadd_ps(_mm_hadd_ps(_mm256_castps256_ps128(acc01), _mm256_extractf128_ps(acc01, 1)),   \
+                               _mm_hadd_ps(_mm256_castps256_ps128(acc23), _mm256_extractf128_ps(acc23, 1)));  \
+        for (; b < nb; b++) s = tail4(s, wd[b], xd, b, LOAD(b), x);                              \
+        _mm_storeu_ps(out, s);                                                                   \
+    } while (0)
+
+#define LOAD_Q8(b) load32(QB(w, b))
+#define LOAD_Q4(b) unpack_q4_0(Q4B(w, b))
+
+static void dot4_q8_0(int nb, const int8_t *w, const float *wd, const int8_t *const x[4], const float *const xd[4],
+                      float out[4]) {
+    DOT4(LOAD_Q8, HSUM_Q8);
+}
+
+static void dot4_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *const x[4], const float *const xd[4],
+                      float out[4]) {
+    DOT4(LOAD_Q4, HSUM_Q4);
+}
+
+/* The Q4_0 search on 8 blocks at once, block b in lane b, the scalar twin's operations in its
+ * order (mul, add, div, round-to-nearest-even, min/max; no FMA). The leftover blocks go to it. */
+static void q4_0_search(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
+                        int8_t *l) {
+    int b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8) {
+        __m256 x[QK], wt[QK], wx[QK], best_l[QK];
+        for (int j = 0; j < QK; j++) {   /* element-major: lane b holds element j of block b0 + b */
+            float xv[8], wv[8];
+            for (int b = 0; b < 8; b++) {
+                xv[b] = xs[(size_t)(b0 + b) * QK + j];
+                wv[b] = w[(size_t)(b0 + b) * QK + j];
+            }
+            x[j] = _mm256_loadu_ps(xv);
+            wt[j] = _mm256_loadu_ps(wv);
+            wx[j] = _mm256_mul_ps(wt[j], x[j]);
+            best_l[j] = _mm256_setzero_ps();
+        }
+        const __m256 lo = _mm256_set1_ps(-8.0f), hi = _mm256_set1_ps(7.0f), zero = _mm256_setzero_ps();
+        const __m256 vmax = _mm256_loadu_ps(xmax + b0);
+        __m256 best = _mm256_set1_ps(INFINITY), best_d = zero;
+        for (int c = 0; c < 13; c++) {
+            __m256 iscale = _mm256_div_ps(_mm256_set1_ps(ml_q4_0_candidates[c]), vmax);
+            __m256 lv[QK], sumlx = zero, suml2 = zero;
+            for (int j = 0; j < QK; j++) {
+                __m256 v = _mm256_round_ps(_mm256_mul_ps(x[j], iscale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                lv[j] = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+                sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(wx[j], lv[j]));
+                suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(wt[j], _mm256_mul_ps(lv[j], lv[j])));
+            }
+            __m256 pos = _mm256_cmp_ps(suml2, zero, _CMP_GT_OQ);
+            __m256 dc = _mm256_and_ps(pos, _mm256_div_ps(sumlx, _mm256_blendv_ps(_mm256_set1_ps(1.0f), suml2, pos)));
+            __m256 e = zero;
+            for (int j = 0; j < QK; j++) {
+                __m256 r = _mm256_sub_ps(x[j], _mm256_mul_ps(dc, lv[j]));
+                e = _mm256_add_ps(e, _mm256_mul_ps(wt[j], _mm256_mul_ps(r, r)));
+            }
+            __m256 better = _mm256_cmp_ps(e, best, _CMP_LT_OQ);
+            best = _mm256_blendv_ps(best, e, better);
+            best_d = _mm256_blendv_ps(best_d, dc, better);
+            for (int j = 0; j < QK; j++) best_l[j] = _mm256_blendv_ps(best_l[j], lv[j], better);
+        }
+        _mm256_storeu_ps(d + b0, best_d);
+        _mm256_storeu_ps(err + b0, best);
+        for (int j = 0; j < QK; j++) {
+            float lvv[8];
+            _mm256_storeu_ps(lvv, best_l[j]);
+            for (int b = 0; b < 8; b++) l[(size_t)(b0 + b) * QK + j] = (int8_t)lvv[b];
+        }
+    }
+    ml_q4_0_search_scalar(nb - b0, xs + (size_t)b0 * QK, w + (size_t)b0 * QK, xmax + b0, d + b0, err + b0,
+                          l + (size_t)b0 * QK);
+}
+
+/* The table of the including file's ISA: const ml_kernel_table ml_kernels_X = X86_TABLE("X"); */
+#define X86_TABLE(isa)                                                                           \
+    {.name = isa, .quantize_q8_0 = quantize_q8_0, .isums_q8_0 = isums_q8_0, .isums_q4_0 = isums_q4_0, \
+     .dot_q8_0 = dot_q8_0, .dot_q4_0 = dot_q4_0, .dot4_q8_0 = dot4_q8_0, .dot4_q4_0 = dot4_q4_0,      \
+     .q4_0_search = q4_0_search}
