@@ -1,13 +1,17 @@
 """`mlconf fuzz` (conformance/fuzz.py): seeded mutants in the fixtures' own mutation vocabulary,
 the same sequence for the same seed; native agrees with the reference on every mutant; a broken
 runtime (examples/crash: a loader that checks the magic only) is caught, each failure shrunk to
-the fewest mutations, written as a reproducer and reported as records."""
+the fewest mutations, written as a reproducer and reported as records; a cmd: runtime with one
+wrong loader rule, or one wrong RoPE variant (tests/data/cmd_one_mistake.py), is found through the
+line protocol, and only that mistake."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,6 +80,41 @@ def test_a_broken_loader_is_found_shrunk_and_reported(broken, tmp_path, capsys):
     regressed, fixed = reports.diff(results, results)
     assert regressed == [] and fixed == []
     assert "failing" in capsys.readouterr().out
+
+
+ONE_MISTAKE = ROOT / "tests" / "data" / "cmd_one_mistake.py"
+
+
+def one_mistake(*mistake: str):
+    return get("cmd:" + shlex.join([sys.executable, str(ONE_MISTAKE), *mistake]))
+
+
+def test_one_wrong_rule_of_a_cmd_runtime_is_found_and_nothing_else(tmp_path):
+    """A cmd: runtime that is the reference but for one loader rule: every failure the campaign
+    reports is a file that rule refuses, shrunk to one mutation."""
+    rule = "format.rope_attn_factor_without_yarn"
+    b = one_mistake("rule", rule)
+    try:
+        c = fuzz.run(b, "loader", seed=3, count=300, corpus=tmp_path)
+    finally:
+        b.close()
+    assert c.failures and c.mutants - c.agreed == len(c.reproducers) == len(c.failures)
+    ref = ReferenceBackend()
+    for e in c.reproducers:
+        got = ref.load(str(tmp_path / e["file"]))
+        assert got.rule == rule and e["got"] == "ML_OK" and len(e["mutate"]) == 1, (e, got)
+
+
+def test_one_wrong_rope_variant_of_a_cmd_runtime_is_found_and_shrunk(tmp_path):
+    b = one_mistake("yarn")
+    try:
+        c = fuzz.run(b, "forward", seed=2, count=40, corpus=tmp_path)
+    finally:
+        b.close()
+    assert c.failures and len(c.reproducers) == c.mutants - c.agreed
+    for r in c.reproducers:
+        h = r["header"]
+        assert h["rope_type"] == 3 and h["rope_attn_factor"] != 1.0 and h["n_layers"] == 1, h
 
 
 def test_fuzz_usage(tmp_path, capsys):
