@@ -4,7 +4,7 @@
 
 The quantizers read float32 and write ~1/4 of it; a memory-bound quantizer would run near the
 copy bandwidth, so `of_bw` (quantizer MB/s over copy MB/s) says how far the NumPy reference is
-from that bound. Timings are the best of `repeat` runs. Bandwidth is STREAM's "copy": bytes read
+from that bound. Timings are the median of `repeat` runs. Bandwidth is STREAM's "copy": bytes read
 plus bytes written per second, of an np.copyto between two buffers of `bw_bytes` each.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mlconf.backends.reference import quant
-from mlconf.bench_output import Timing, document, section, timed
+from mlconf.bench_output import REPEAT, Timing, document, section, timed
 from mlconf.bench_output import table as format_table
 
 BW_BYTES = 256 << 20
@@ -26,12 +26,12 @@ BW_BYTES = 256 << 20
 SIMD_ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon")
 
 
-def copy_bandwidth(nbytes: int = BW_BYTES, repeat: int = 3) -> float:
+def copy_bandwidth(nbytes: int = BW_BYTES, repeat: int = REPEAT) -> float:
     """GB/s (1e9 bytes) of np.copyto between two float32 buffers of nbytes: read + write."""
     src = np.ones(max(1, nbytes // 4), dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # fault the pages in before timing
-    return 2 * src.nbytes / timed(lambda: np.copyto(dst, src), repeat).best / 1e9
+    return 2 * src.nbytes / timed(lambda: np.copyto(dst, src), repeat).median / 1e9
 
 
 def quant_bench(rows: int = 4096, cols: int = 4096, repeat: int = 1, *,
@@ -54,8 +54,8 @@ def quant_bench(rows: int = 4096, cols: int = 4096, repeat: int = 1, *,
     out = []
     for name, fn in ops.items():
         t = timed(fn, repeat)
-        mbs = x.nbytes / t.best / 1e6
-        out.append({"op": name, "rows": rows, "cols": cols, "seconds": t.best, "MB/s": mbs,
+        mbs = x.nbytes / t.median / 1e6
+        out.append({"op": name, "rows": rows, "cols": cols, "seconds": t.median, "MB/s": mbs,
                     "bw_GB/s": bw, "of_bw": mbs / (bw * 1e3), "spread": {"MB/s": t.spread(x.nbytes / 1e6)}})
     return out
 
@@ -83,7 +83,7 @@ def write_bench_model(path: str | Path, wtype: str = "q8_0", seed: int = 0) -> P
     return Path(path)
 
 
-def forward_bench(model_path: str, n_tokens: int = 32, repeat: int = 3) -> list[dict]:
+def forward_bench(model_path: str, n_tokens: int = 32, repeat: int = REPEAT) -> list[dict]:
     """Reference forward speed on one model: prefill (one call) and decode (one token per call),
     tokens/s, in runtime and float semantics. Weight bytes / decode time gives the effective
     bandwidth, compared with the copy bandwidth of the same run."""
@@ -110,9 +110,9 @@ def forward_bench(model_path: str, n_tokens: int = 32, repeat: int = 3) -> list[
                 fw.forward(toks[i:i + 1], i)
         tp, td = timed(prefill, repeat), timed(decode, repeat)
         out.append({"model": Path(model_path).name, "mode": "float" if float_mode else "runtime",
-                    "tokens": n, "prefill_tok_s": n / tp.best, "decode_tok_s": n / td.best,
-                    "decode_weight_GB_s": weight_bytes * n / td.best / 1e9,
-                    "of_bw": weight_bytes * n / td.best / 1e9 / bw,
+                    "tokens": n, "prefill_tok_s": n / tp.median, "decode_tok_s": n / td.median,
+                    "decode_weight_GB_s": weight_bytes * n / td.median / 1e9,
+                    "of_bw": weight_bytes * n / td.median / 1e9 / bw,
                     "spread": {"prefill_tok_s": tp.spread(n), "decode_tok_s": td.spread(n)}})
     return out
 
@@ -132,7 +132,7 @@ def sample_text(n_bytes: int = 100_000, seed: int = 0) -> str:
 
 
 def tokenizer_bench(mlt_path: str, json_path: str | None = None, n_bytes: int = 100_000,
-                    repeat: int = 3) -> list[dict]:
+                    repeat: int = REPEAT) -> list[dict]:
     """Reference encoder on one .mlt: load time, encode throughput (MB/s, ids/s, cold cache) on
     ~n_bytes of mixed text, and HF tokenizers' single-thread throughput on the same text when
     ``json_path`` and the `tokenizers` package are there."""
@@ -176,13 +176,13 @@ def tokenizer_bench(mlt_path: str, json_path: str | None = None, n_bytes: int = 
 def _encode_row(name: str, impl: str, n_vocab: int | None, load: float, nbytes: int, n_ids: int,
                 t: Timing) -> dict:
     return {"tokenizer": name, "impl": impl, "n_vocab": n_vocab, "load_s": load, "bytes": nbytes,
-            "ids": n_ids, "MB_s": nbytes / t.best / 1e6, "ids_s": n_ids / t.best,
+            "ids": n_ids, "MB_s": nbytes / t.median / 1e6, "ids_s": n_ids / t.median,
             "spread": {"MB_s": t.spread(nbytes / 1e6)}}
 
 
-def native_tokenizer_row(mlt_path: str, text: str, repeat: int = 3) -> dict | None:
+def native_tokenizer_row(mlt_path: str, text: str, repeat: int = REPEAT) -> dict | None:
     """The native runtime's encoder called in this process (ml_tok_load, ml_tok_encode) on text:
-    load time, MB/s and ids/s, best of ``repeat``; None while the library has no encoder."""
+    load time, MB/s and ids/s, median of ``repeat``; None while the library has no encoder."""
     import cffi
 
     from mlconf.backends.native import LIBRARY, abi
@@ -267,10 +267,10 @@ def native_kernel_bench(isas: tuple[str, ...] = SIMD_ISAS) -> tuple[float, list[
 
 
 def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
-                           repeat: int = 3) -> dict:
+                           repeat: int = REPEAT) -> dict:
     """The native runtime called in this process (no worker, no logits transfer), as llama.cpp is
     timed: prefill with ml_forward_last (the last position's logits only), then single-token
-    decodes; best of ``repeat``."""
+    decodes; median of ``repeat``."""
     import cffi
 
     from mlconf.backends.native import LIBRARY
@@ -300,7 +300,7 @@ def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16,
         td = timed(dec, repeat).minus(tp)
     finally:
         lib.ml_free(m)
-    return {f"prefill{prompt}_tok_s": prompt / tp.best, "decode_tok_s": decode / td.best,
+    return {f"prefill{prompt}_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
             "spread": {f"prefill{prompt}_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
 
 
@@ -327,7 +327,7 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
                 finally:
                     s.close()
                 out.append({"model": f"SmolLM2-135M shape {wtype}", "backend": name,
-                            f"prefill{prompt}_tok_s": prompt / tp.best, "decode_tok_s": decode / td.best,
+                            f"prefill{prompt}_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
                             "spread": {f"prefill{prompt}_tok_s": tp.spread(prompt),
                                        "decode_tok_s": td.spread(decode)}})
             if "native" in backends:  # the runtime itself, timed as llama.cpp is
@@ -408,9 +408,9 @@ def _llama(gguf_path: str | Path, n_ctx: int, n_batch: int, threads: int, logits
 
 
 def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
-                    warmup: bool = True, repeat: int = 3) -> dict:
+                    warmup: bool = True, repeat: int = REPEAT) -> dict:
     """llama.cpp's prefill (one eval of ``prompt`` tokens) and decode (``decode`` evals of one
-    token) tokens/s through llama-cpp-python, with model_bench's token ids; best of ``repeat``
+    token) tokens/s through llama-cpp-python, with model_bench's token ids; median of ``repeat``
     (llama.cpp's threads spin-wait, so a busy machine can slow one run tenfold). Logits of the
     last position only (logits_all=False, llama.cpp's default). ``warmup``: one single-token
     eval first (faults the mmapped weights in, starts the threads), outside the timings."""
@@ -433,7 +433,8 @@ def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, t
         llm.close()
     tp, td = Timing(tuple(runs_p)), Timing(tuple(runs_d))
     return {"backend": "llama.cpp", "version": llama_cpp_version(), "isa": llama_cpp_isa(),
-            "threads": threads, f"prefill{prompt}_tok_s": prompt / tp.best, "decode_tok_s": decode / td.best,
+            "threads": threads, f"prefill{prompt}_tok_s": prompt / tp.median,
+            "decode_tok_s": decode / td.median,
             "spread": {f"prefill{prompt}_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
 
 
@@ -470,11 +471,12 @@ def native_doc() -> dict:
         note = (f"llama.cpp is measured in this run (llama-cpp-python {version}, its own llama.cpp "
                 f"built with {llama_cpp_isa()}, 2 threads) on the same weights: each .mlb exported to "
                 "GGUF by tools/gguf_export.py (the same Q8_0 / Q4_0 blocks, f16 scales). llama.cpp: one "
-                "single-token warm-up eval, then the best of 3 runs, logits of the prompt's last "
-                "position only. `native`: one run through the worker process, every position's "
+                f"single-token warm-up eval, then the median of {REPEAT} runs, logits of the prompt's "
+                "last position only. `native`: one run through the worker process, every position's "
                 "logits; `native in-process, last logits`: the runtime called in this process with "
-                "ml_forward_last, best of 3, timed as llama.cpp is. llama.cpp's AVX2 kernels "
-                "in cache (issue 5): quantize_q8_0 24 cycles, dot_q8_0 4.2, dot_q4_0 5.6 per 32 values.")
+                f"ml_forward_last, the median of {REPEAT} runs, timed as llama.cpp is. llama.cpp's AVX2 "
+                "kernels in cache (issue 5): quantize_q8_0 24 cycles, dot_q8_0 4.2, dot_q4_0 5.6 per 32 "
+                "values.")
     else:
         for r in mrows:
             wtype = r["model"].rsplit(" ", 1)[-1]
@@ -638,13 +640,13 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
             params = _projection_params(shape)
             for th in threads:
                 for seq in seqs:
-                    rep = 4 if seq <= 256 else 2 if seq <= 512 else 1     # short runs: more noise
+                    rep = REPEAT if seq <= 512 else 2    # a 2048-token run of the 0.6B shape: ~40 s
                     t = {"F16 teacher": bitnet_prefill(files["F16 teacher"], seq, th, rep),
                          "I2_S student": bitnet_prefill(files["I2_S student"], seq, th, rep)}
                     if have_llama:
                         t["llama.cpp F16 teacher"] = llama_cpp_prefill(files["F16 teacher"], seq, th, rep)
                     for label, timing in t.items():
-                        sec = timing.best
+                        sec = timing.median
                         wbytes = params * (2 if "F16" in label else 0.25)
                         row = {"model": f"{shape} {label}",
                                "backend": "llama.cpp" if "llama" in label else "bitnet",
@@ -652,9 +654,9 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
                                "GOPS": 2 * params * seq / sec / 1e9, "weight_GB_s": wbytes / sec / 1e9,
                                "of_read_bw": wbytes / sec / 1e9 / bw}
                         if label == "I2_S student":
-                            row["vs_F16_teacher"] = t["F16 teacher"].best / sec
+                            row["vs_F16_teacher"] = t["F16 teacher"].median / sec
                             if have_llama:
-                                row["vs_llama.cpp_F16"] = t["llama.cpp F16 teacher"].best / sec
+                                row["vs_llama.cpp_F16"] = t["llama.cpp F16 teacher"].median / sec
                         row["spread"] = {"tokens_s": timing.spread(seq)}
                         rows.append(row)
     return rows
@@ -683,7 +685,7 @@ def bitnet_doc(workdir: str | None = None, shapes=tuple(BITNET_SHAPES), seqs=PRE
                 "reading of each file (F16: float matmuls; I2_S: ternary). " + llama_note + " GOPS counts "
                 "the seven projections' multiply-adds (2 x weights x tokens); weight_GB_s their bytes "
                 "(F16: 2 per weight; I2_S: 1/4) over the time, of_read_bw against the read bandwidth "
-                "above. Best of 4 up to 256 tokens, of 2 at 512, one run above.")], read_bw_GB_s=bw)
+                f"above. The median of {REPEAT} runs up to 512 tokens, of 2 above.")], read_bw_GB_s=bw)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """What `mlconf bench` measured, and how it is shown: timings over repeats, the host, Markdown, JSON.
 
-A figure of a bench row is the best of its runs (the least disturbed by other work on the
-machine); the row's `spread` gives, per figure, the minimum, median and maximum over the runs (as
-llama-bench reports mean +- stddev), so a reader sees how noisy the run was. A bench document is
+A figure of a bench row is the median of its runs (REPEAT by default: what a second run of the
+bench most likely gives, where the best run flatters a noisy machine); the row's `spread` gives,
+per figure, the minimum, median and maximum over the runs (as llama-bench reports mean +- stddev),
+so a reader sees how noisy the run was. A bench document is
 {"schema", "mlconf_version", "title", "host", "sections": [{"title", "rows", "note"}]}: printed as
 tables, written as Markdown (bench.md) or printed as JSON (`--json`).
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 SCHEMA = "mlconf-bench/1"
+REPEAT = 5          # runs of every timed figure (issue 18: the median and min-max of at least 5)
 # the cpuinfo flags that decide which kernels run (the ISA tables and llama.cpp's build)
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
              "avx512_vnni", "avx512vbmi", "avx512_bf16", "amx_tile", "asimd", "asimddp")
@@ -34,8 +36,9 @@ class Timing:
     runs: tuple[float, ...]
 
     @property
-    def best(self) -> float:
-        return min(self.runs)
+    def median(self) -> float:
+        """The figure's seconds: the median run."""
+        return statistics.median(self.runs)
 
     def spread(self, amount: float = 1.0) -> dict:
         """``amount`` / seconds over the runs (a rate: the fastest run is the max)."""
@@ -43,8 +46,8 @@ class Timing:
         return {"min": rates[0], "median": statistics.median(rates), "max": rates[-1], "runs": len(rates)}
 
     def minus(self, other: Timing) -> Timing:
-        """Each run less ``other``'s best (a phase timed together with one before it)."""
-        return Timing(tuple(t - other.best for t in self.runs))
+        """Each run less ``other``'s median (a phase timed together with one before it)."""
+        return Timing(tuple(t - other.median for t in self.runs))
 
 
 def timed(fn: Callable[[], object], repeat: int) -> Timing:
@@ -128,7 +131,7 @@ def markdown(doc: dict) -> str:
         out += [f"## {s['title']}", "", table(s["rows"], "github"), ""]
         if s["note"]:
             out += [s["note"], ""]
-    out += ["Each figure is the best of its runs; `spread` is the range of the first figure over them.", ""]
+    out += ["Each figure is the median of its runs; `spread` is the range of the first figure over them.", ""]
     return "\n".join(out)
 
 

@@ -860,9 +860,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "model (writes REPORT/bench-bitnet.md); llama-cmake-args: the CMAKE_ARGS that build "
                    "llama-cpp-python (extra `bench`) for this CPU: GGML_NATIVE and AMX off, its ISA explicit")
     p.add_argument("--report", default="reports", help="folder of bench.md (default: %(default)s)")
-    p.add_argument("--repeat", type=int_in(1, 1000), default=3, metavar="N",
-                   help="quant, tokenizer, forward: runs of each measurement; the figure is the best, the "
-                   "spread their min/median/max (default: %(default)s)")
+    p.add_argument("--repeat", type=int_in(1, 1000), default=5, metavar="N",
+                   help="quant, tokenizer, forward: runs of each measurement; the figure is their median, "
+                   "the spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON (host, every row, "
                    "and per figure its min/median/max over the repeats) instead of tables")
     p.add_argument("--rows", type=int_in(1, 65536), default=4096, help="quantizer matrix rows")
