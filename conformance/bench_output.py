@@ -102,6 +102,39 @@ def section(title: str, rows: list[dict], note: str = "") -> dict:
     return {"title": title, "rows": rows, "note": note}
 
 
+def _identity(row: dict) -> tuple:
+    """What a row measures: its fields that are not figures (strings, ints, bools), spread aside."""
+    return tuple((k, v) for k, v in row.items() if k != "spread" and not isinstance(v, float))
+
+
+def compare(doc: dict, before: dict, name: str) -> list[dict]:
+    """Sections that set each figure of ``doc`` beside the same figure of ``before`` (a bench
+    JSON of an earlier run, `--compare`): rows matched by section title and identity, each figure
+    as FIG, FIG_before and FIG_ratio (this run over that one)."""
+    old = {s["title"]: {_identity(r): r for r in s["rows"]} for s in before.get("sections", [])}
+    out = []
+    for s in doc["sections"]:
+        rows = []
+        for r in s["rows"]:
+            prev = old.get(s["title"], {}).get(_identity(r))
+            if prev is None:
+                continue
+            row = dict(_identity(r))
+            for k, v in r.items():
+                p = prev.get(k)
+                if isinstance(v, float) and isinstance(p, int | float) and k != "spread":
+                    row.update({k: v, f"{k}_before": p, f"{k}_ratio": v / p if p else math.nan})
+            rows.append(row)
+        if rows:
+            h = before.get("host", {})
+            out.append(section(f"{s['title']}: this run against {name}", rows,
+                               f"{name}: {h.get('cpu') or h.get('machine') or 'an unknown host'}, "
+                               f"mlconf {before.get('mlconf_version', '?')}. A ratio above 1 is more of the "
+                               "figure in this run: better for a rate (tok_s, GB_s, MB/s), worse for a "
+                               "time (seconds, ns_per_...)."))
+    return out
+
+
 def host_line(doc: dict) -> str:
     h = doc["host"]
     bw = doc.get("read_bw_GB_s")

@@ -627,18 +627,22 @@ def cmd_bench(args) -> int:
     if args.what == "llama-cmake-args":
         print(bench.llama_cpp_cmake_args())
         return 0
+    before = _bench_json(args.compare) if args.compare else None    # refused before hours of work
     if args.what in ("native", "bitnet"):
         try:
             doc = bench.native_doc() if args.what == "native" else bench.bitnet_doc()
         except FileNotFoundError as e:
             raise UsageError(str(e)) from None
         out = Path(args.report) / ("bench.md" if args.what == "native" else "bench-bitnet.md")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        from mlconf.tools.mlb import atomic_write
-        atomic_write(out, [bench_output.markdown(doc).encode()])
     else:
         doc = bench_output.document(f"mlconf bench {args.what}", _bench_sections(args))
         out = None
+    if before is not None:
+        doc["sections"] += bench_output.compare(doc, before, args.compare)
+    if out:
+        from mlconf.tools.mlb import atomic_write
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, [bench_output.markdown(doc).encode()])
     if args.json:
         sys.stdout.write(bench_output.dumps(doc))
     else:
@@ -646,6 +650,23 @@ def cmd_bench(args) -> int:
     if out:
         print(f"(written to {out})", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _bench_json(path: str) -> dict:
+    """An earlier `mlconf bench --json` output (--compare)."""
+    from mlconf.bench_output import SCHEMA
+    from mlconf.tools.files import read_regular
+    try:
+        data = read_regular(input_file(path))
+    except OSError as e:
+        raise UsageError(f"--compare {path}: cannot read: {e.strerror or e}") from None
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"--compare {path}: not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("sections"), list):
+        raise UsageError(f"--compare {path}: not the JSON of `mlconf bench --json` (schema {SCHEMA})")
+    return doc
 
 
 def _bench_sections(args) -> list[dict]:
@@ -865,6 +886,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the spread their min/median/max (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON (host, every row, "
                    "and per figure its min/median/max over the repeats) instead of tables")
+    p.add_argument("--compare", metavar="FILE",
+                   help="an earlier `mlconf bench --json` output: add each figure's ratio to it")
     p.add_argument("--rows", type=int_in(1, 65536), default=4096, help="quantizer matrix rows")
     p.add_argument("--cols", type=int_in(32, 65536, 32), default=4096,
                    help="quantizer matrix columns (a multiple of 32)")

@@ -55,3 +55,31 @@ def test_bench_forward_text_and_json(capsys):
 def test_bench_repeat_must_be_positive(capsys):
     assert cli.main(["bench", "quant", "--repeat", "0"]) == exits.USAGE
     assert "--repeat: 0 is not in 1..1000" in capsys.readouterr().err
+
+
+def test_compare_sets_each_figure_beside_the_earlier_run(tmp_path, capsys):
+    args = ["bench", "quant", "--rows", "64", "--cols", "64", "--repeat", "5", "--json"]
+    assert cli.main(args) == 0
+    before = tmp_path / "before.json"
+    before.write_text(capsys.readouterr().out, encoding="utf-8")
+    old = json.loads(before.read_text(encoding="utf-8"))
+    old["sections"][0]["rows"][0]["MB/s"] /= 2            # as if that quantizer had been twice slower
+    before.write_text(json.dumps(old), encoding="utf-8")
+    assert cli.main([*args, "--compare", str(before)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    now, vs = doc["sections"]
+    assert vs["title"] == f"Reference quantizers: this run against {before}"
+    assert [r["op"] for r in vs["rows"]] == [r["op"] for r in now["rows"]]
+    first = vs["rows"][0]
+    assert first["MB/s_before"] == old["sections"][0]["rows"][0]["MB/s"]
+    assert first["MB/s_ratio"] == pytest.approx(first["MB/s"] / first["MB/s_before"])
+    assert "spread" not in first
+
+
+@pytest.mark.parametrize("content,why", [("{}", "not the JSON of `mlconf bench --json`"), ("x", "not JSON")])
+def test_compare_refuses_what_is_no_bench_json(tmp_path, capsys, content, why):
+    f = tmp_path / "f.json"
+    f.write_text(content, encoding="utf-8")
+    assert cli.main(["bench", "quant", "--rows", "64", "--cols", "64", "--compare", str(f)]) == exits.USAGE
+    assert why in capsys.readouterr().err
+    assert cli.main(["bench", "quant", "--compare", str(tmp_path / "none.json")]) == exits.USAGE
