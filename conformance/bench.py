@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mlconf.backends.reference import quant
-from mlconf.bench_output import REPEAT, Timing, document, section, timed
+from mlconf.bench_output import REPEAT, Timing, document, last_cache_bytes, section, timed
 from mlconf.bench_output import table as format_table
 
 BW_BYTES = 256 << 20
@@ -235,19 +235,36 @@ def _bench_lib():
     if not LIBRARY.exists():
         raise FileNotFoundError(f"{LIBRARY}: the native library is not built")
     ffi = cffi.FFI()
-    ffi.cdef("""double mlrt_bench_read_bw(size_t bytes, int iters);
+    ffi.cdef("""double mlrt_bench_read_bw(size_t bytes, int iters, int threads);
         double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, int threads, int iters,
-                                 int cold);
+                                 int evict_mib);
         double mlrt_bench_kernel(const char *isa, const char *op, int n, int iters);""")
     return ffi.dlopen(str(LIBRARY))
 
 
-def native_kernel_bench(isas: tuple[str, ...] = SIMD_ISAS) -> tuple[float, list[dict]]:
-    """(read GB/s of the C read kernel over 512 MB, rows): matvec GB/s of weight bytes per ISA,
-    type, shape and thread count against that bandwidth; in-cache ns per kernel call on 4096
-    values, and ns per 32 values."""
+def bandwidths(threads: int = 2) -> dict:
+    """Read bandwidth of the C read kernel on ``threads`` threads, sized from this machine's
+    last-level cache: `memory` on a buffer 4 x that cache (at least 512 MiB), `cache` on a quarter
+    of it (at least 1 MiB). A host whose cache holds a model decodes it at cache speed."""
     lib = _bench_lib()
-    bw = lib.mlrt_bench_read_bw(512 << 20, 3)
+    llc = last_cache_bytes() or 32 << 20
+    mem, cache = max(4 * llc, 512 << 20), max(llc // 4, 1 << 20)
+    return {"threads": threads, "memory_GB_s": lib.mlrt_bench_read_bw(mem, 3, threads),
+            "memory_buffer_MiB": mem >> 20, "cache_GB_s": lib.mlrt_bench_read_bw(cache, 20, threads),
+            "cache_buffer_MiB": cache >> 20}
+
+
+def evict_mib() -> int:
+    """MiB a cold matvec reads before each timed product: 4 x the last-level cache, at least 128."""
+    return max(128, 4 * (last_cache_bytes() or 32 << 20) >> 20)
+
+
+def native_kernel_bench(isas: tuple[str, ...] = SIMD_ISAS) -> tuple[dict, list[dict]]:
+    """(bandwidths(), rows): matvec GB/s of weight bytes per ISA, type, shape and thread count
+    against the memory bandwidth; in-cache ns per kernel call on 4096 values, and ns per 32 values."""
+    lib = _bench_lib()
+    bws = bandwidths()
+    bw = bws["memory_GB_s"]
     rows = []
     for isa in isas:
         if lib.mlrt_bench_matvec(isa.encode(), 1, 32, 32, 1, 1, 0) < 0:
@@ -258,12 +275,12 @@ def native_kernel_bench(isas: tuple[str, ...] = SIMD_ISAS) -> tuple[float, list[
                 for threads in (1, 2):
                     t = lib.mlrt_bench_matvec(isa.encode(), fmt, r, c, threads, 5, 0)
                     rows.append({"what": f"matvec {name} {r}x{c}", "isa": isa, "threads": threads,
-                                 "GB_s": wbytes / t / 1e9, "of_read_bw": wbytes / t / 1e9 / bw})
+                                 "GB_s": wbytes / t / 1e9, "of_memory_bw": wbytes / t / 1e9 / bw})
         for op in ("quantize_q8_0", "dot_q8_0", "dot_q4_0"):
             ns = lib.mlrt_bench_kernel(isa.encode(), op.encode(), 4096, 5)
             rows.append({"what": f"{op} in cache (4096 values)", "isa": isa, "threads": 1,
                          "ns_per_call": ns, "ns_per_32": ns / 128})
-    return bw, rows
+    return bws, rows
 
 
 def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
@@ -342,6 +359,10 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
                             f"prefill{prompt}_tok_s": r[f"prefill{prompt}_tok_s"],
                             "decode_tok_s": r["decode_tok_s"], "spread": r["spread"]})
                 gg.unlink()
+            from mlconf.tools import mlb
+            wbytes = sum(a.nbytes for a in mlb.read(path).table)
+            for r in out:
+                r.setdefault("weight_bytes", wbytes)
     return out
 
 
@@ -459,9 +480,13 @@ LLAMA_CPP_FIGURES = {"q8_0": {"decode_tok_s": 69.0, "prefill64_tok_s": 322.0},
 def native_doc() -> dict:
     """The native benchmark (bench_output.document): the kernels, the matvecs against the read
     bandwidth, and the SmolLM2-135M-shaped model on native and reference beside llama.cpp."""
-    bw, krows = native_kernel_bench()
+    bws, krows = native_kernel_bench()
     version = llama_cpp_version()
     mrows = model_bench(["native", "reference"], llama_cpp=version is not None)
+    for r in mrows:      # a decode step reads every weight once: its bytes/s against the two bandwidths
+        r["decode_weight_GB_s"] = r["decode_tok_s"] * r.pop("weight_bytes") / 1e9
+        r["of_memory_bw"] = r["decode_weight_GB_s"] / bws["memory_GB_s"]
+        r["of_cache_bw"] = r["decode_weight_GB_s"] / bws["cache_GB_s"]
     if version is not None:  # measured in this run, on the same weights
         llama = {r["model"]: r for r in mrows if r["backend"] == "llama.cpp"}
         for r in mrows:
@@ -491,9 +516,12 @@ def native_doc() -> dict:
                 "5.6 per 32 values.")
     return document("mlconf bench: native runtime", [
         section("Kernels and matrix-vector products", krows,
-                "`of_read_bw` above 1 means the matrix stayed in cache (L3), not that memory was beaten. "
+                "`of_memory_bw` above 1 means the matrix stayed in cache (L3), not that memory was beaten. "
                 "The C kernels time themselves (best of their iterations): no spread."),
-        section("SmolLM2-135M-shaped model (random weights), 2 threads", mrows, note)], read_bw_GB_s=bw)
+        section("SmolLM2-135M-shaped model (random weights), 2 threads", mrows,
+                note + " decode_weight_GB_s: the model's weight bytes read per decoded token, times "
+                "tokens/s, against the memory and the cache read bandwidth of the first line (a model "
+                "that fits the last-level cache decodes at cache speed).")], bandwidth=bws)
 
 
 # ---------------------------------------------------------------- bitnet (issues 6, 13)
@@ -530,34 +558,35 @@ def _bitnet_lib():
 
 
 def bitnet_matvec_bench(isas: tuple[str, ...] = SIMD_ISAS, threads: tuple[int, ...] = (1, 2),
-                        iters: int = 5) -> tuple[float, list[dict]]:
-    """(read GB/s, rows): I2_S matvec on I2S_MATVEC_SHAPES per ISA and thread count (weight bytes
+                        iters: int = 5) -> tuple[dict, list[dict]]:
+    """(bandwidths(), rows): I2_S matvec on I2S_MATVEC_SHAPES per ISA and thread count (weight bytes
     streamed: 2 bits per weight + the 32-byte tail), beside the native runtime's Q8_0 and Q4_0
     matvecs on the same shape, ISA and threads in the same run; vs_q8_0 is the speed-up in time.
     Each is timed with the weights in cache (a matrix used again at once: L3 here) and cold
     (the caches flushed before each product: every matrix of a forward pass is used once per
-    token, so this is the decode case)."""
+    token, so this is the decode case: evict_mib() read before each)."""
     _, blib = _bitnet_lib()
     nlib = _bench_lib()
-    bw = nlib.mlrt_bench_read_bw(512 << 20, 3)
+    bws = bandwidths()
+    bw, evict = bws["memory_GB_s"], evict_mib()
     rows = []
     for isa in isas:
         if blib.mlbitnet_bench_matvec(isa.encode(), 128, 128, 1, 1, 0) < 0:
             continue  # not built or not runnable here
         for (r, c), cold, th in ((shape, cold, th) for shape in I2S_MATVEC_SHAPES for cold in (0, 1)
                                  for th in threads):
-            t = blib.mlbitnet_bench_matvec(isa.encode(), r, c, th, iters, cold)
+            t = blib.mlbitnet_bench_matvec(isa.encode(), r, c, th, iters, evict if cold else 0)
             times = {"I2_S": (t, r * c // 4 + 32)}
             for fmt, name, bpb in ((1, "Q8_0", 34), (2, "Q4_0", 18)):
-                t = nlib.mlrt_bench_matvec(isa.encode(), fmt, r, c, th, iters, cold)
+                t = nlib.mlrt_bench_matvec(isa.encode(), fmt, r, c, th, iters, evict if cold else 0)
                 if t > 0:
                     times[name] = (t, r * c // 32 * bpb)
             q8 = times.get("Q8_0", (float("nan"), 0))[0]
             for name, (t, nbytes) in times.items():
                 rows.append({"matvec": f"{name} {r}x{c}", "isa": isa, "weights": "cold" if cold else "cached",
                              "threads": th, "ms": t * 1e3, "GB_s": nbytes / t / 1e9,
-                             "of_read_bw": nbytes / t / 1e9 / bw, "vs_q8_0": q8 / t})
-    return bw, rows
+                             "of_memory_bw": nbytes / t / 1e9 / bw, "vs_q8_0": q8 / t})
+    return bws, rows
 
 
 def write_bitnet_bench_models(folder: str | Path, shape: str, seed: int = 0) -> dict[str, Path]:
@@ -652,7 +681,7 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
                                "backend": "llama.cpp" if "llama" in label else "bitnet",
                                "threads": th, "tokens": seq, "tokens_s": seq / sec,
                                "GOPS": 2 * params * seq / sec / 1e9, "weight_GB_s": wbytes / sec / 1e9,
-                               "of_read_bw": wbytes / sec / 1e9 / bw}
+                               "of_memory_bw": wbytes / sec / 1e9 / bw}
                         if label == "I2_S student":
                             row["vs_F16_teacher"] = t["F16 teacher"].median / sec
                             if have_llama:
@@ -665,8 +694,8 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
 def bitnet_doc(workdir: str | None = None, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SEQS) -> dict:
     """The bitnet benchmark (bench_output.document): I2_S matvec against native Q8_0/Q4_0 and the
     read bandwidth, and seed 004's prefill benchmark (bitnet_prefill_bench)."""
-    bw, mrows = bitnet_matvec_bench()
-    prows = bitnet_prefill_bench(bw, shapes, seqs, workdir=workdir)
+    bws, mrows = bitnet_matvec_bench()
+    prows = bitnet_prefill_bench(bws["memory_GB_s"], shapes, seqs, workdir=workdir)
     version = llama_cpp_version()
     llama_note = (f"llama.cpp: llama-cpp-python {version}, built with {llama_cpp_isa()}; its prefill is "
                   "one eval of the tokens with the logits of the last position only, as `llama-bench -p` "
@@ -684,8 +713,9 @@ def bitnet_doc(workdir: str | None = None, shapes=tuple(BITNET_SHAPES), seqs=PRE
                 "process (ml_embed: every token through every layer, pooled and normalized), its own "
                 "reading of each file (F16: float matmuls; I2_S: ternary). " + llama_note + " GOPS counts "
                 "the seven projections' multiply-adds (2 x weights x tokens); weight_GB_s their bytes "
-                "(F16: 2 per weight; I2_S: 1/4) over the time, of_read_bw against the read bandwidth "
-                f"above. The median of {REPEAT} runs up to 512 tokens, of 2 above.")], read_bw_GB_s=bw)
+                "(F16: 2 per weight; I2_S: 1/4) over the time, of_memory_bw against the memory "
+                f"bandwidth above. The median of {REPEAT} runs up to 512 tokens, of 2 above.")],
+        bandwidth=bws)
 
 
 def main(argv: list[str] | None = None) -> int:

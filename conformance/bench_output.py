@@ -83,6 +83,18 @@ def _l3() -> str | None:
     return max(sizes)[1] if sizes else None
 
 
+def last_cache_bytes() -> int | None:
+    """The last-level cache of cpu0 in bytes (sysfs gives "32768K" or "260M"), or None."""
+    size = _l3()
+    if not size:
+        return None
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    try:
+        return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    except ValueError:
+        return None
+
+
 def host() -> dict:
     """The machine a figure belongs to: CPU model, the ISA flags that matter, cores, last cache."""
     info = _cpuinfo()
@@ -137,10 +149,12 @@ def compare(doc: dict, before: dict, name: str) -> list[dict]:
 
 def host_line(doc: dict) -> str:
     h = doc["host"]
-    bw = doc.get("read_bw_GB_s")
+    b = doc.get("bandwidth")
     return (f"Machine: {h['cpu'] or h['machine']} ({h['machine']}), {h['cores']} cores, last-level cache "
             f"{h['last_level_cache'] or 'unknown'}, ISA flags {' '.join(h['isa_flags']) or 'none'}."
-            + (f" Read bandwidth (C kernel, 512 MB, 1 thread): {bw:.1f} GB/s." if bw else ""))
+            + (f" Read bandwidth (C kernel, {b['threads']} threads): memory {b['memory_GB_s']:.1f} GB/s "
+               f"({b['memory_buffer_MiB']} MiB, beyond the last-level cache), cache {b['cache_GB_s']:.1f} "
+               f"GB/s ({b['cache_buffer_MiB']} MiB)." if b else ""))
 
 
 def _cell(v):

@@ -83,3 +83,26 @@ def test_compare_refuses_what_is_no_bench_json(tmp_path, capsys, content, why):
     assert cli.main(["bench", "quant", "--rows", "64", "--cols", "64", "--compare", str(f)]) == exits.USAGE
     assert why in capsys.readouterr().err
     assert cli.main(["bench", "quant", "--compare", str(tmp_path / "none.json")]) == exits.USAGE
+
+
+@pytest.mark.parametrize("sysfs,want", [("32768K", 32 << 20), ("260M", 260 << 20), ("1G", 1 << 30),
+                                        ("512", 512), ("weird", None), (None, None)])
+def test_last_cache_bytes_reads_sysfs_units(monkeypatch, sysfs, want):
+    monkeypatch.setattr(bench_output, "_l3", lambda: sysfs)
+    assert bench_output.last_cache_bytes() == want
+
+
+def test_bandwidths_are_sized_from_the_last_level_cache(monkeypatch):
+    from mlconf import bench
+    from mlconf.backends.native import native_available
+    if not native_available():
+        pytest.skip("libmlrt is not built")
+    monkeypatch.setattr(bench, "last_cache_bytes", lambda: 8 << 20)      # an 8 MiB cache
+    b = bench.bandwidths()
+    assert b["memory_buffer_MiB"] == 512 and b["cache_buffer_MiB"] == 2 and b["threads"] == 2
+    assert b["memory_GB_s"] > 0 and b["cache_GB_s"] > 0
+    assert bench.evict_mib() == 128
+    monkeypatch.setattr(bench, "last_cache_bytes", lambda: 260 << 20)    # the Xeon host's
+    assert bench.evict_mib() == 1040
+    line = bench_output.host_line(bench_output.document("t", [], bandwidth=b))
+    assert "memory " in line and "(512 MiB, beyond the last-level cache), cache " in line

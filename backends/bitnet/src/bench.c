@@ -13,13 +13,13 @@
 
 #include "bitnet.h"
 
-ML_API double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int threads, int iters, int cold);
+ML_API double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int threads, int iters, int evict_mib);
 
-/* Cold runs: before each timed product the pool's threads read EVICT_BYTES (four times this
- * machine's 32 MB L3) so the weights come from memory, as in a forward pass where every matrix is
- * used once per token. Reads, not memset: a large memset uses non-temporal stores, which bypass
- * the caches and evict nothing. */
-#define EVICT_BYTES ((size_t)128 << 20)
+/* Cold runs (evict_mib > 0): before each timed product the pool's threads read evict_mib MiB (the
+ * caller sizes it from the machine's last-level cache: a 260 MiB L3 keeps a 128 MiB buffer's worth
+ * of weights) so the weights come from memory, as in a forward pass where every matrix is used once
+ * per token. Reads, not memset: a large memset uses non-temporal stores, which bypass the caches
+ * and evict nothing. */
 
 static void evict_chunk(void *arg, int64_t i0, int64_t i1) {
     const uint64_t *p = (const uint64_t *)arg + (size_t)i0 * 512, *e = (const uint64_t *)arg + (size_t)i1 * 512;
@@ -66,7 +66,8 @@ static void matvec_rows(void *arg, int64_t r0, int64_t r1) {
 /* Seconds per I2_S matrix-vector product (rows x cols, cols a positive multiple of 128), best of
  * iters after one warm-up run, cold (weights from memory) or not; negative for an ISA that cannot
  * run here, a bad shape or a failed allocation. Weight bytes streamed per product: rows * cols / 4. */
-ML_API double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int threads, int iters, int cold) {
+ML_API double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int threads, int iters,
+                                    int evict_mib) {
     const i2s_kernel_table *k = i2s_kernels_named(isa);
     if (!k || rows <= 0 || cols <= 0 || cols % I2S_BLOCK || iters <= 0) return -1.0;
     size_t wbytes = (size_t)rows * (size_t)cols / 4;
@@ -75,10 +76,11 @@ ML_API double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int thr
     int8_t *xq = malloc((size_t)cols);
     float *y = malloc((size_t)rows * sizeof(float));
     struct ml_pool *pool = ml_pool_new(threads);
-    uint8_t *junk = cold ? malloc(EVICT_BYTES) : NULL;
-    if (junk) memset(junk, 1, EVICT_BYTES); /* real pages: an untouched buffer reads one zero page */
+    size_t evict = (size_t)(evict_mib > 0 ? evict_mib : 0) << 20;
+    uint8_t *junk = evict ? malloc(evict) : NULL;
+    if (junk) memset(junk, 1, evict); /* real pages: an untouched buffer reads one zero page */
     double best = -1.0;
-    if (w && x && xq && y && pool && (junk || !cold)) {
+    if (w && x && xq && y && pool && (junk || !evict)) {
         uint32_t s = 12345u;
         for (size_t i = 0; i < wbytes; i++) { /* codes 0..2: ternary weights */
             unsigned v = next(&s);
@@ -88,7 +90,7 @@ ML_API double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int thr
         matvec_job job = {k, cols, w, xq, 0, 0.0f, 0.02f, y};
         best = 1e30;
         for (int it = -1; it < iters; it++) { /* it = -1: warm-up */
-            if (cold) ml_pool_run(pool, (int64_t)(EVICT_BYTES / 4096), evict_chunk, junk);
+            if (evict) ml_pool_run(pool, (int64_t)(evict / 4096), evict_chunk, junk);
             double t0 = now();
             job.a = k->quantize_act(x, cols, xq, &job.asum);
             ml_pool_run(pool, rows, matvec_rows, &job);

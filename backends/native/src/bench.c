@@ -1,6 +1,7 @@
 /* bench.c: measurement entry points for `mlconf bench` (not part of the runtime's ABI).
  *
- * mlrt_bench_read_bw   the machine's read bandwidth: sum a buffer far larger than the caches
+ * mlrt_bench_read_bw   read bandwidth of a buffer over threads: the memory's (far above the
+ *                      last-level cache) or the cache's (well below it)
  * mlrt_bench_matvec    matrix-vector products of one ISA and weight type, rows over threads,
  *                      weights in cache or (cold) from memory
  * mlrt_bench_kernel    in-cache cost of one kernel on 4096 values (ns per call)
@@ -28,34 +29,46 @@ static uint32_t next(uint32_t *s) {
     return *s;
 }
 
-/* Read bandwidth in GB/s: 8 independent 64-bit sums over `bytes` (the compiler vectorizes it),
- * so the loop is bound by memory, not by a dependency chain. */
-ML_API double mlrt_bench_read_bw(size_t bytes, int iters) {
-    size_t n = bytes / sizeof(uint64_t);
-    uint64_t *buf = malloc(n * sizeof(uint64_t));
-    if (!buf) return -1.0;
-    for (size_t i = 0; i < n; i++) buf[i] = i;
-    double best = 1e30;
-    volatile uint64_t sink = 0;
-    for (int it = 0; it < iters; it++) {
-        double t0 = now();
-        uint64_t acc[8] = {0};
-        for (size_t i = 0; i + 8 <= n; i += 8)
-            for (int k = 0; k < 8; k++) acc[k] += buf[i + k];
-        double dt = now() - t0;
-        for (int k = 0; k < 8; k++) sink += acc[k];
-        if (dt < best) best = dt;
-    }
-    (void)sink;
-    free(buf);
-    return (double)(n * sizeof(uint64_t)) / best / 1e9;
+/* 8 independent 64-bit sums over 4 KiB pages [i0, i1) of the buffer (the compiler vectorizes
+ * it), so the loop is bound by the memory or cache, not by a dependency chain; the sum goes to the
+ * chunk's own first word, which keeps the loads and no other thread touches. */
+static void read_pages(void *arg, int64_t i0, int64_t i1) {
+    uint64_t *buf = arg;
+    const uint64_t *p = buf + (size_t)i0 * 512, *e = buf + (size_t)i1 * 512;
+    uint64_t acc[8] = {0};
+    for (; p < e; p += 8)
+        for (int k = 0; k < 8; k++) acc[k] += p[k];
+    uint64_t sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    ((volatile uint64_t *)buf)[(size_t)i0 * 512] = sum;
 }
 
-/* Cold runs: before each timed product the pool's threads read EVICT_BYTES (four times this
- * machine's 32 MB L3) so the weights come from memory, as in a forward pass where every matrix is
- * used once per token. Reads, not memset: a large memset uses non-temporal stores, which bypass
- * the caches and evict nothing. */
-#define EVICT_BYTES ((size_t)128 << 20)
+/* Read bandwidth in GB/s (best of iters) of `threads` threads summing `bytes` (a multiple of
+ * 4 KiB): far above the last-level cache it is the memory's, well below it the cache's. */
+ML_API double mlrt_bench_read_bw(size_t bytes, int iters, int threads) {
+    size_t pages = bytes / 4096;
+    uint64_t *buf = malloc(pages * 4096);
+    struct ml_pool *pool = ml_pool_new(threads);
+    double best = -1.0;
+    if (buf && pool && pages) {
+        for (size_t i = 0; i < pages * 512; i++) buf[i] = i;
+        best = 1e30;
+        for (int it = -1; it < iters; it++) { /* it = -1: warm-up (page faults, a cache filled) */
+            double t0 = now();
+            ml_pool_run(pool, (int64_t)pages, read_pages, buf);
+            double dt = now() - t0;
+            if (it >= 0 && dt < best) best = dt;
+        }
+    }
+    if (pool) ml_pool_free(pool);
+    free(buf);
+    return best > 0 ? (double)(pages * 4096) / best / 1e9 : -1.0;
+}
+
+/* Cold runs (evict_mib > 0): before each timed product the pool's threads read evict_mib MiB (the
+ * caller sizes it from the machine's last-level cache: a 260 MiB L3 keeps a 128 MiB buffer's worth
+ * of weights) so the weights come from memory, as in a forward pass where every matrix is used once
+ * per token. Reads, not memset: a large memset uses non-temporal stores, which bypass the caches
+ * and evict nothing. */
 
 static void evict_chunk(void *arg, int64_t i0, int64_t i1) {
     const uint64_t *p = (const uint64_t *)arg + (size_t)i0 * 512, *e = (const uint64_t *)arg + (size_t)i1 * 512;
@@ -88,7 +101,8 @@ static void matvec_rows(void *arg, int64_t r0, int64_t r1) {
 /* Seconds per matrix-vector product (best of iters), cold (weights from memory) or not; fmt
  * ML_FMT_Q8_0 or ML_FMT_Q4_0; negative on an ISA that cannot run here or a failed allocation.
  * The caller divides weight bytes by it. */
-ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, int threads, int iters, int cold) {
+ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, int threads, int iters,
+                                int evict_mib) {
     const ml_kernel_table *k = ml_kernels_named(isa);
     if (!k || cols % QK || rows <= 0 || (fmt != ML_FMT_Q8_0 && fmt != ML_FMT_Q4_0)) return -1.0;
     int nb = cols / QK;
@@ -99,10 +113,11 @@ ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, in
     float *xd = malloc((size_t)nb * sizeof(float));
     float *y = malloc((size_t)rows * sizeof(float));
     struct ml_pool *pool = ml_pool_new(threads);
-    uint8_t *junk = cold ? malloc(EVICT_BYTES) : NULL;
-    if (junk) memset(junk, 1, EVICT_BYTES); /* real pages: an untouched buffer reads one zero page */
+    size_t evict = (size_t)(evict_mib > 0 ? evict_mib : 0) << 20;
+    uint8_t *junk = evict ? malloc(evict) : NULL;
+    if (junk) memset(junk, 1, evict); /* real pages: an untouched buffer reads one zero page */
     double best = -1.0;
-    if (w && wd && x && xd && y && pool && (junk || !cold)) {
+    if (w && wd && x && xd && y && pool && (junk || !evict)) {
         uint32_t s = 12345u;
         for (size_t i = 0; i < wbytes; i++) w[i] = (uint8_t)(int8_t)((int)(next(&s) % 255u) - 127);  /* no -128 */
         for (size_t i = 0; i < (size_t)rows * (size_t)nb; i++) wd[i] = 1e-3f * (float)(next(&s) % 100u);
@@ -111,7 +126,7 @@ ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, in
         matvec_job job = {k, fmt, nb, w, wd, x, xd, y};
         best = 1e30;
         for (int it = 0; it < iters; it++) {
-            if (cold) ml_pool_run(pool, (int64_t)(EVICT_BYTES / 4096), evict_chunk, junk);
+            if (evict) ml_pool_run(pool, (int64_t)(evict / 4096), evict_chunk, junk);
             double t0 = now();
             ml_pool_run(pool, rows, matvec_rows, &job);
             double dt = now() - t0;
