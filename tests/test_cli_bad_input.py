@@ -346,7 +346,8 @@ def test_bench_tokenizer_keeps_native_without_hf(work, monkeypatch):
     from mlconf import bench
     from mlconf.backends.native import LIBRARY
     monkeypatch.setitem(sys.modules, "tokenizers", None)      # import tokenizers -> ImportError
-    rows = bench.tokenizer_bench(str(work / "tok.mlt"), str(work / "absent.json"), n_bytes=2000, repeat=1)
+    rows = bench.tokenizer_bench(str(work / "tok.mlt"), str(work / "absent.json"), "hello world " * 100,
+                                 repeat=1)
     impls = [r["impl"] for r in rows]
     assert "HF tokenizers" not in impls and impls[0] == "reference"
     assert ("native" in impls) == LIBRARY.exists()
