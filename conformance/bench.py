@@ -63,15 +63,22 @@ def quant_bench(rows: int = 4096, cols: int = 4096, repeat: int = 1, *,
 # SmolLM2-135M's shape (issue 5's bench model): random weights, shared classifier.
 SMOLLM2_135M = dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=1536, vocab=49152,
                     max_seq=2048, rope_theta=100000.0, norm_eps=1e-5, shared_classifier=1)
+# larger than any last-level cache seen here (Q8_0 1.1 GB): decode measures the memory
+LLAMA_1B = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192, vocab=32000,
+                max_seq=2048, rope_theta=500000.0, norm_eps=1e-5, shared_classifier=1)
+# model bench shapes: name -> (header, prompt lengths); the 1B shape skips the worker backends
+BENCH_SHAPES = {"SmolLM2-135M": (SMOLLM2_135M, (64, 512)), "Llama-3.2-1B": (LLAMA_1B, (64,))}
 
 
-def write_bench_model(path: str | Path, wtype: str = "q8_0", seed: int = 0) -> Path:
-    """A SmolLM2-135M-shaped .mlb with random weights (N(0, 0.02), norms 1): Q8_0, or Q4_0 with
-    the round rule (llama.cpp's), so both runtimes can be given the same weights. Scales are f16,
-    GGML's block layout, so that tools/gguf_export.py hands llama.cpp the very same blocks."""
+def write_bench_model(path: str | Path, wtype: str = "q8_0", seed: int = 0,
+                      shape: dict = SMOLLM2_135M) -> Path:
+    """A .mlb of ``shape`` (default SmolLM2-135M's) with random weights (N(0, 0.02), norms 1): Q8_0,
+    or Q4_0 with the round rule (llama.cpp's), so both runtimes can be given the same weights.
+    Scales are f16, GGML's block layout, so that tools/gguf_export.py hands llama.cpp the very same
+    blocks."""
     from mlconf.tools import mlb
 
-    h = mlb.full_header({**SMOLLM2_135M, "wtype": 1 if wtype == "q8_0" else 2, "scale_f16": 1})
+    h = mlb.full_header({**shape, "wtype": 1 if wtype == "q8_0" else 2, "scale_f16": 1})
     rng = np.random.default_rng(seed)
     arrays = {}
     for name, (fmt, shape) in mlb.expected_arrays(h, None).items():
@@ -380,52 +387,61 @@ def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16,
         td = timed(dec, repeat).minus(tp)
     finally:
         lib.ml_free(m)
-    return {f"prefill{prompt}_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
-            "spread": {f"prefill{prompt}_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
+    return {"prefill_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
+            "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
 
 
-def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"), prompt: int = 64,
-                decode: int = 16, workdir: str | None = None, llama_cpp: bool = False) -> list[dict]:
-    """Decode and prefill tokens/s on the SmolLM2-135M-shaped random model, per backend and
-    weight type (in the same run), through each backend's own open_model/forward; with
-    ``llama_cpp``, also llama.cpp's on the same weights (the .mlb exported to GGUF beside it)."""
+def _session_row(name: str, path: Path, prompt: int, decode: int) -> dict:
+    """One run through backend ``name``'s own open_model/forward (the reference takes seconds per
+    pass): prefill of ``prompt`` tokens, then ``decode`` single tokens."""
+    from mlconf.backends import get
+    s = get(name).open_model(str(path), ctx=prompt + decode)
+    toks = np.arange(prompt + decode) % 32000       # below every bench shape's vocab
+    try:
+        tp = timed(lambda: s.forward(toks[:prompt], 0), 1)
+        td = timed(lambda: [s.forward(toks[prompt + i: prompt + i + 1], prompt + i)
+                            for i in range(decode)], 1)
+    finally:
+        s.close()
+    return {"backend": name, "prefill_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
+            "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
+
+
+def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"), decode: int = 16,
+                workdir: str | None = None, llama_cpp: bool = False,
+                shapes: tuple[str, ...] = tuple(BENCH_SHAPES)) -> list[dict]:
+    """Prefill and decode tokens/s on random models of each of ``shapes`` (BENCH_SHAPES) and
+    weight type, in the same run: through each backend's own open_model/forward (the small shape
+    only), natively in-process as llama.cpp is timed, and with ``llama_cpp`` llama.cpp's on the
+    same weights (the .mlb exported to GGUF beside it). One row per (shape, type, backend, prompt
+    length); `weight_bytes` is what a decode step reads."""
     import tempfile
 
-    from mlconf.backends import get
+    from mlconf.tools import mlb
 
     out = []
-    with tempfile.TemporaryDirectory(prefix="mlconf-bench-", dir=workdir) as tmp:
+    for shape in shapes:
+        header, prompts = BENCH_SHAPES[shape]
         for wtype in wtypes:
-            path = write_bench_model(Path(tmp) / f"smollm2_135m_{wtype}.mlb", wtype)
-            toks = np.arange(prompt) % 49152
-            for name in backends:
-                s = get(name).open_model(str(path), ctx=prompt + decode)
-                try:      # one run each: the reference takes seconds per pass
-                    tp = timed(lambda s=s, t=toks: s.forward(t, 0), 1)
-                    td = timed(lambda s=s, t=toks: [s.forward(t[i: i + 1], prompt + i)
-                                                    for i in range(decode)], 1)
-                finally:
-                    s.close()
-                out.append({"model": f"SmolLM2-135M shape {wtype}", "backend": name,
-                            f"prefill{prompt}_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
-                            "spread": {f"prefill{prompt}_tok_s": tp.spread(prompt),
-                                       "decode_tok_s": td.spread(decode)}})
-            if "native" in backends:  # the runtime itself, timed as llama.cpp is
-                r = native_inprocess_bench(path, prompt, decode)
-                out.append({"model": f"SmolLM2-135M shape {wtype}",
-                            "backend": "native in-process, last logits", **r})
-            if llama_cpp:
-                from mlconf.tools import gguf_export
-                gg = gguf_export.export(path, path.with_suffix(".gguf"))
-                r = llama_cpp_bench(str(gg), prompt, decode)
-                out.append({"model": f"SmolLM2-135M shape {wtype}", "backend": "llama.cpp",
-                            f"prefill{prompt}_tok_s": r[f"prefill{prompt}_tok_s"],
-                            "decode_tok_s": r["decode_tok_s"], "spread": r["spread"]})
-                gg.unlink()
-            from mlconf.tools import mlb
-            wbytes = sum(a.nbytes for a in mlb.read(path).table)
-            for r in out:
-                r.setdefault("weight_bytes", wbytes)
+            with tempfile.TemporaryDirectory(prefix="mlconf-bench-", dir=workdir) as tmp:
+                path = write_bench_model(Path(tmp) / f"{shape}_{wtype}.mlb", wtype, shape=header)
+                base = {"model": f"{shape} shape {wtype}",
+                        "weight_bytes": sum(a.nbytes for a in mlb.read(path).table)}
+                gg = None
+                if llama_cpp:
+                    from mlconf.tools import gguf_export
+                    gg = gguf_export.export(path, path.with_suffix(".gguf"))
+                for prompt in prompts:
+                    small = shape == "SmolLM2-135M"
+                    rows = [_session_row(n, path, prompt, decode) for n in backends if small]
+                    if "native" in backends:  # the runtime itself, timed as llama.cpp is
+                        rows.append({"backend": "native in-process, last logits",
+                                     **native_inprocess_bench(path, prompt, decode)})
+                    if gg is not None:
+                        r = llama_cpp_bench(str(gg), prompt, decode)
+                        rows.append({"backend": "llama.cpp", "prefill_tok_s": r["prefill_tok_s"],
+                                     "decode_tok_s": r["decode_tok_s"], "spread": r["spread"]})
+                    out += [{**base, "prompt": prompt, **r} for r in rows]
     return out
 
 
@@ -517,9 +533,9 @@ def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, t
         llm.close()
     tp, td = Timing(tuple(runs_p)), Timing(tuple(runs_d))
     return {"backend": "llama.cpp", "version": llama_cpp_version(), "isa": llama_cpp_isa(),
-            "threads": threads, f"prefill{prompt}_tok_s": prompt / tp.median,
+            "threads": threads, "prefill_tok_s": prompt / tp.median,
             "decode_tok_s": decode / td.median,
-            "spread": {f"prefill{prompt}_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
+            "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
 
 
 def llama_cpp_logits(gguf_path: str | Path, tokens, threads: int = 2) -> np.ndarray:
@@ -542,7 +558,8 @@ LLAMA_CPP_FIGURES = {"q8_0": {"decode_tok_s": 69.0, "prefill64_tok_s": 322.0},
 
 def native_doc() -> dict:
     """The native benchmark (bench_output.document): the kernels, the matvecs against the read
-    bandwidth, and the SmolLM2-135M-shaped model on native and reference beside llama.cpp."""
+    bandwidth, and the model shapes of BENCH_SHAPES on native (and, on the small one, the
+    reference) beside llama.cpp."""
     bws, krows = native_kernel_bench()
     version = llama_cpp_version()
     mrows = model_bench(["native", "reference"], llama_cpp=version is not None)
@@ -551,11 +568,11 @@ def native_doc() -> dict:
         r["of_memory_bw"] = r["decode_weight_GB_s"] / bws["memory_GB_s"]
         r["of_cache_bw"] = r["decode_weight_GB_s"] / bws["cache_GB_s"]
     if version is not None:  # measured in this run, on the same weights
-        llama = {r["model"]: r for r in mrows if r["backend"] == "llama.cpp"}
+        llama = {(r["model"], r["prompt"]): r for r in mrows if r["backend"] == "llama.cpp"}
         for r in mrows:
-            ref = llama[r["model"]]
+            ref = llama[r["model"], r["prompt"]]
             r["decode_vs_llama.cpp"] = r["decode_tok_s"] / ref["decode_tok_s"]
-            r["prefill_vs_llama.cpp"] = r["prefill64_tok_s"] / ref["prefill64_tok_s"]
+            r["prefill_vs_llama.cpp"] = r["prefill_tok_s"] / ref["prefill_tok_s"]
         note = (f"llama.cpp is measured in this run (llama-cpp-python {version}, its own llama.cpp "
                 f"built with {llama_cpp_isa()}, 2 threads) on the same weights: each .mlb exported to "
                 "GGUF by tools/gguf_export.py (the same Q8_0 / Q4_0 blocks, f16 scales). llama.cpp: one "
@@ -567,12 +584,13 @@ def native_doc() -> dict:
                 "values.")
     else:
         for r in mrows:
-            wtype = r["model"].rsplit(" ", 1)[-1]
-            ref = LLAMA_CPP_FIGURES[wtype]
+            if not (r["model"].startswith("SmolLM2-135M") and r["prompt"] == 64):
+                continue      # issue 5 recorded that shape and prompt only
+            ref = LLAMA_CPP_FIGURES[r["model"].rsplit(" ", 1)[-1]]
             r["llama.cpp_decode*"] = ref["decode_tok_s"]
             r["llama.cpp_prefill64*"] = ref["prefill64_tok_s"]
             r["decode_vs_llama.cpp"] = r["decode_tok_s"] / ref["decode_tok_s"]
-            r["prefill_vs_llama.cpp"] = r["prefill64_tok_s"] / ref["prefill64_tok_s"]
+            r["prefill_vs_llama.cpp"] = r["prefill_tok_s"] / ref["prefill64_tok_s"]
         note = ("\\* llama.cpp figures are the ones issue 5 records for a machine of this kind (not "
                 "measured in this run: the `bench` extra with llama-cpp-python is not installed). "
                 "llama.cpp's AVX2 kernels in cache: quantize_q8_0 24 cycles, dot_q8_0 4.2, dot_q4_0 "
@@ -581,10 +599,11 @@ def native_doc() -> dict:
         section("Kernels and matrix-vector products", krows,
                 "`of_memory_bw` above 1 means the matrix stayed in cache (L3), not that memory was beaten. "
                 "The C kernels time themselves (best of their iterations): no spread."),
-        section("SmolLM2-135M-shaped model (random weights), 2 threads", mrows,
+        section(f"Models of the shapes {', '.join(BENCH_SHAPES)} (random weights), 2 threads", mrows,
                 note + " decode_weight_GB_s: the model's weight bytes read per decoded token, times "
                 "tokens/s, against the memory and the cache read bandwidth of the first line (a model "
-                "that fits the last-level cache decodes at cache speed).")], bandwidth=bws)
+                "that fits the last-level cache decodes at cache speed; the 1B shape does not fit any "
+                "seen here).")], bandwidth=bws)
 
 
 # ---------------------------------------------------------------- bitnet (issues 6, 13)

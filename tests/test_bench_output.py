@@ -125,3 +125,25 @@ def test_the_tokenizer_bench_times_real_text_cold_and_warm(tmp_path):
         assert r["MB_s_cold"] > 0 and r["MB_s_warm"] > 0 and r["spread"]["MB_s_cold"]["runs"] == 2
     assert all(r["same_ids_as_HF"] for r in rows if r["impl"] in ("reference", "native"))
     assert bench.tiktoken_encoding(str(GOLDEN_DIR / "tokenizers" / "llama2.json")) is None   # SentencePiece
+
+
+def test_model_bench_rows_per_shape_type_backend_and_prompt(monkeypatch):
+    """The row layout of `bench native`'s model section, on tiny stand-ins for the two shapes: the
+    worker backends on the small shape only, the in-process runtime on both, the weight bytes a
+    decode step reads on every row."""
+    from mlconf import bench
+    from mlconf.backends.native import native_available
+    if not native_available():
+        pytest.skip("libmlrt is not built")
+    tiny = dict(dim=64, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=64, vocab=40000, max_seq=64,
+                rope_theta=10000.0, norm_eps=1e-5, shared_classifier=1)
+    monkeypatch.setattr(bench, "BENCH_SHAPES", {"SmolLM2-135M": (tiny, (4, 8)), "Llama-3.2-1B": (tiny, (4,))})
+    rows = bench.model_bench(["native"], ("q8_0",), decode=2)
+    got = [(r["model"], r["backend"], r["prompt"]) for r in rows]
+    assert got == [("SmolLM2-135M shape q8_0", "native", 4),
+                   ("SmolLM2-135M shape q8_0", "native in-process, last logits", 4),
+                   ("SmolLM2-135M shape q8_0", "native", 8),
+                   ("SmolLM2-135M shape q8_0", "native in-process, last logits", 8),
+                   ("Llama-3.2-1B shape q8_0", "native in-process, last logits", 4)]
+    for r in rows:
+        assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["weight_bytes"] > 40000 * 64
