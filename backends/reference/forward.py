@@ -325,7 +325,7 @@ class Forward:
         self._check(tokens, pos)
         self._pos = pos
         try:
-            with np.errstate(over="ignore", invalid="ignore"):   # a NaN or inf is judged, not warned of
+            with np.errstate(all="ignore"):   # a NaN or inf is judged, not warned of
                 return self._forward(tokens, pos)
         except NumericError:
             if self._has_linear():
