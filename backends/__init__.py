@@ -36,7 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .base import (
+    BITNET_ISAS,
     CAPABILITIES,
+    NATIVE_ISAS,
     POOLINGS,
     READINGS,
     STATUSES,
@@ -109,10 +111,10 @@ def _cmd(name: str) -> Backend:
 
 register("reference", _reference)
 register("native", _native, builtin=_native_available)
-for _isa in ("scalar", "avx2", "avxvnni", "avx512", "neon", "neon-dotprod"):
+for _isa in NATIVE_ISAS:
     register(f"native:{_isa}", _native, builtin=False)
 register("bitnet", _bitnet, builtin=_bitnet_available)
-for _isa in ("scalar", "avx2", "avxvnni", "avx512"):
+for _isa in BITNET_ISAS:
     register(f"bitnet:{_isa}", _bitnet, builtin=False)
 register("lib:", _external)
 register("cmd:", _cmd, builtin=False)

@@ -30,6 +30,9 @@ POOLINGS = (None, "mean", "cls", "last")   # EmbedderSession.embed: None is the 
 # I2_S, float for f32/f16), "float" plain matmuls, "ternary" BitLinear on the latent weights
 READINGS = (None, "float", "ternary")
 STATUSES = ("ML_OK", "ML_E_IO", "ML_E_FORMAT", "ML_E_SHAPE")
+# the kernel table names of ml_set_isa: libmlrt's (native:ISA) and libmlbitnet's (bitnet:ISA)
+NATIVE_ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon", "neon-dotprod")
+BITNET_ISAS = ("scalar", "avx2", "avxvnni", "avx512")
 
 
 class Unsupported(Exception):

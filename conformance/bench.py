@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
+from mlconf.backends.base import NATIVE_ISAS
 from mlconf.backends.reference import quant
 from mlconf.bench_output import REPEAT, Timing, document, last_cache_bytes, section, timed
 from mlconf.bench_output import table as format_table
 
 BW_BYTES = 256 << 20
-# the tables the kernel benches try, each skipped where it cannot run (native and bitnet name theirs alike)
-SIMD_ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon")
+# the tables the kernel benches try, each skipped where it cannot run (bitnet's are a subset)
+SIMD_ISAS = NATIVE_ISAS
 
 
 def copy_bandwidth(nbytes: int = BW_BYTES, repeat: int = REPEAT) -> float:
@@ -66,8 +67,9 @@ SMOLLM2_135M = dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=15
 # larger than any last-level cache seen here (Q8_0 1.1 GB): decode measures the memory
 LLAMA_1B = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192, vocab=32000,
                 max_seq=2048, rope_theta=500000.0, norm_eps=1e-5, shared_classifier=1)
-# model bench shapes: name -> (header, prompt lengths); the 1B shape skips the worker backends
-BENCH_SHAPES = {"SmolLM2-135M": (SMOLLM2_135M, (64, 512)), "Llama-3.2-1B": (LLAMA_1B, (64,))}
+# model bench shapes: name -> (header, prompt lengths, whether the worker backends run it too: the
+# reference takes seconds per pass of the small one)
+BENCH_SHAPES = {"SmolLM2-135M": (SMOLLM2_135M, (64, 512), True), "Llama-3.2-1B": (LLAMA_1B, (64,), False)}
 
 
 def write_bench_model(path: str | Path, wtype: str = "q8_0", seed: int = 0,
@@ -317,7 +319,7 @@ def bandwidths(threads: int = 2) -> dict:
     last-level cache: `memory` on a buffer 4 x that cache (at least 512 MiB), `cache` on a quarter
     of it (at least 1 MiB). A host whose cache holds a model decodes it at cache speed."""
     lib = _bench_lib()
-    llc = last_cache_bytes() or 32 << 20
+    llc = _llc()
     mem, cache = max(4 * llc, 512 << 20), max(llc // 4, 1 << 20)
     return {"threads": threads, "memory_GB_s": lib.mlrt_bench_read_bw(mem, 3, threads),
             "memory_buffer_MiB": mem >> 20, "cache_GB_s": lib.mlrt_bench_read_bw(cache, 20, threads),
@@ -326,7 +328,12 @@ def bandwidths(threads: int = 2) -> dict:
 
 def evict_mib() -> int:
     """MiB a cold matvec reads before each timed product: 4 x the last-level cache, at least 128."""
-    return max(128, 4 * (last_cache_bytes() or 32 << 20) >> 20)
+    return max(128, 4 * _llc() >> 20)
+
+
+def _llc() -> int:
+    """This machine's last-level cache in bytes; 32 MiB (the AMD host's) where sysfs has none."""
+    return last_cache_bytes() or 32 << 20
 
 
 def native_kernel_bench(isas: tuple[str, ...] = SIMD_ISAS) -> tuple[dict, list[dict]]:
@@ -391,12 +398,12 @@ def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16,
             "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
 
 
-def _session_row(name: str, path: Path, prompt: int, decode: int) -> dict:
+def _session_row(name: str, path: Path, prompt: int, decode: int, vocab: int) -> dict:
     """One run through backend ``name``'s own open_model/forward (the reference takes seconds per
     pass): prefill of ``prompt`` tokens, then ``decode`` single tokens."""
     from mlconf.backends import get
     s = get(name).open_model(str(path), ctx=prompt + decode)
-    toks = np.arange(prompt + decode) % 32000       # below every bench shape's vocab
+    toks = np.arange(prompt + decode) % vocab
     try:
         tp = timed(lambda: s.forward(toks[:prompt], 0), 1)
         td = timed(lambda: [s.forward(toks[prompt + i: prompt + i + 1], prompt + i)
@@ -411,8 +418,8 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
                 workdir: str | None = None, llama_cpp: bool = False,
                 shapes: tuple[str, ...] = tuple(BENCH_SHAPES)) -> list[dict]:
     """Prefill and decode tokens/s on random models of each of ``shapes`` (BENCH_SHAPES) and
-    weight type, in the same run: through each backend's own open_model/forward (the small shape
-    only), natively in-process as llama.cpp is timed, and with ``llama_cpp`` llama.cpp's on the
+    weight type, in the same run: through each backend's own open_model/forward (the shapes that
+    say so), natively in-process as llama.cpp is timed, and with ``llama_cpp`` llama.cpp's on the
     same weights (the .mlb exported to GGUF beside it). One row per (shape, type, backend, prompt
     length); `weight_bytes` is what a decode step reads."""
     import tempfile
@@ -421,7 +428,7 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
 
     out = []
     for shape in shapes:
-        header, prompts = BENCH_SHAPES[shape]
+        header, prompts, sessions = BENCH_SHAPES[shape]
         for wtype in wtypes:
             with tempfile.TemporaryDirectory(prefix="mlconf-bench-", dir=workdir) as tmp:
                 path = write_bench_model(Path(tmp) / f"{shape}_{wtype}.mlb", wtype, shape=header)
@@ -432,8 +439,8 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
                     from mlconf.tools import gguf_export
                     gg = gguf_export.export(path, path.with_suffix(".gguf"))
                 for prompt in prompts:
-                    small = shape == "SmolLM2-135M"
-                    rows = [_session_row(n, path, prompt, decode) for n in backends if small]
+                    rows = [_session_row(n, path, prompt, decode, header["vocab"])
+                            for n in (backends if sessions else ())]
                     if "native" in backends:  # the runtime itself, timed as llama.cpp is
                         rows.append({"backend": "native in-process, last logits",
                                      **native_inprocess_bench(path, prompt, decode)})

@@ -134,7 +134,7 @@ def compare(doc: dict, before: dict, name: str) -> list[dict]:
             row = dict(_identity(r))
             for k, v in r.items():
                 p = prev.get(k)
-                if isinstance(v, float) and isinstance(p, int | float) and k != "spread":
+                if isinstance(v, float) and isinstance(p, int | float):
                     row.update({k: v, f"{k}_before": p, f"{k}_ratio": v / p if p else math.nan})
             rows.append(row)
         if rows:

@@ -79,16 +79,12 @@ def bases(area: str) -> list[Base]:
     return out
 
 
-def _hex(b: bytes) -> str:
-    return b.hex()
-
-
 def mutation(rng: np.random.Generator, base: Base, size: int) -> dict:
     """One mutation in the fixtures' vocabulary (raw / truncate_to / append)."""
     kind = rng.choice(["field", "field", "field", "flip", "flip", "flag", "q8", "truncate", "append"])
     if kind == "flag" and base.flags:
         value = int(rng.choice(FLAG_VALUES))
-        return {"raw": {"offset": int(rng.choice(base.flags)), "hex": _hex(bytes([value]))}}
+        return {"raw": {"offset": int(rng.choice(base.flags)), "hex": bytes([value]).hex()}}
     if kind == "q8" and size > 256:
         return {"raw": {"offset": int(rng.integers(256, size)), "hex": "80"}}
     if kind == "truncate":
@@ -99,14 +95,14 @@ def mutation(rng: np.random.Generator, base: Base, size: int) -> dict:
         in_header = rng.random() < 0.6
         at = int(rng.integers(0, max(1, min(size, 256) if in_header else size)))
         byte = base.data[at] if at < len(base.data) else 0
-        return {"raw": {"offset": at, "hex": _hex(bytes([byte ^ (1 << int(rng.integers(0, 8)))]))}}
+        return {"raw": {"offset": at, "hex": bytes([byte ^ (1 << int(rng.integers(0, 8)))]).hex()}}
     off, typ = base.fields[int(rng.integers(0, len(base.fields)))]
     if typ == "f32":
         raw = struct.pack("<f", float(rng.choice(F32_VALUES)))
     else:
         v = int(rng.choice(U32_VALUES)) if rng.random() < 0.8 else int(rng.integers(0, 2**32))
         raw = struct.pack("<I", v)
-    return {"raw": {"offset": off, "hex": _hex(raw)}}
+    return {"raw": {"offset": off, "hex": raw.hex()}}
 
 
 def apply(data: bytes, ops: list[dict]) -> bytes:
@@ -161,13 +157,19 @@ def _judge(area, reference, backend, work: Workdir, path: Path, cid: str, spec: 
 
 def _run_accepted(reference, backend, work: Workdir, path: Path, cid: str, spec: str) -> Result | None:
     """An accepted mutant run as the forward/fixture cases run the accepted fixtures: two tokens
-    (one when max_seq is 1) at ctx 2, prefilled and one by one, against the reference's logits or
-    its NumericError (decision forward.nonfinite). The first mode that does not pass, else None."""
+    (one when max_seq is 1) at ctx 2 (_forward_fails)."""
     n = min(2, layout.parse_header(path.read_bytes()[:layout.HEADER_SIZE])["max_seq"])
-    tokens = np.arange(1, n + 1)
+    return _forward_fails(reference, backend, work, path, f"{cid}/forward", spec, np.arange(1, n + 1), n)
+
+
+def _forward_fails(reference, backend, work: Workdir, path: Path, cid: str, spec: str, tokens: np.ndarray,
+                   ctx: int | None = None) -> Result | None:
+    """``tokens`` from position 0 on ``backend``, prefilled and one by one (FORWARD_MODES), against
+    the reference's logits or its NumericError (decision forward.nonfinite): the first mode that
+    does not pass, else None. The reference runs the file once for both modes."""
     want = {}
     try:
-        session = reference.open_model(str(path), n)     # once for both modes: half the reading
+        session = reference.open_model(str(path), ctx)
         try:
             for mode in FORWARD_MODES:
                 session.reset()
@@ -175,11 +177,11 @@ def _run_accepted(reference, backend, work: Workdir, path: Path, cid: str, spec:
         finally:
             session.close()
     except Exception as e:      # a file the reference accepts but cannot run: its own bug
-        return Result(f"{cid}/forward", "forward", spec, backend.name, "error", "toleranced",
+        return Result(cid, "forward", spec, backend.name, "error", "toleranced",
                       detail=f"the reference failed on a file it accepts: {type(e).__name__}: {e}")
     for mode in FORWARD_MODES:
-        case = Case(f"{cid}/forward/{mode}", "forward", "forward", spec, "toleranced",
-                    {"model": path, "tokens": tokens, "mode": mode, "ctx": n,
+        case = Case(f"{cid}/{mode}", "forward", "forward", spec, "toleranced",
+                    {"model": path, "tokens": tokens, "mode": mode, "ctx": ctx, "expected_from": "reference",
                      "tolerance": "logits_runtime_vs_reference"}, want[mode])
         res = run_case(case, backend, work)
         if res.outcome != "pass":
@@ -355,19 +357,7 @@ def _write_model(path: Path, h: dict, flags: list[int] | None, seed: int) -> Non
               q4_rule="round" if seed % 2 else "search")
 
 
-def _forward_result(backend, work: Workdir, path: Path, cid: str, spec: str, mode: str) -> Result:
-    case = Case(cid, "forward", "forward", spec, "toleranced",
-                {"model": path, "tokens": np.array([1, 2, 3, 4]), "mode": mode,
-                 "tolerance": "logits_runtime_vs_reference", "expected_from": "reference"})
-    return run_case(case, backend, work)
-
-
-def _forward_fails(backend, work, path, cid, spec) -> Result | None:
-    for mode in FORWARD_MODES:
-        res = _forward_result(backend, work, path, f"{cid}/{mode}", spec, mode)
-        if res.outcome != "pass":
-            return res
-    return None
+MODEL_TOKENS = np.array([1, 2, 3, 4])    # what a random model is run on
 
 
 def forward_campaign(backend, seed: int, count: int | None, seconds: float | None, corpus: Path | None,
@@ -375,26 +365,28 @@ def forward_campaign(backend, seed: int, count: int | None, seconds: float | Non
     """Random valid models (random_model) prefilled and decoded on ``backend`` against the
     reference within logits_runtime_vs_reference. A failing model is shrunk: each feature of
     SIMPLER turned off, and layers dropped, while it still fails."""
+    from mlconf.backends.reference import ReferenceBackend
+    reference = ReferenceBackend()
     k, n = part
     rng = np.random.default_rng(seed)
     c = Campaign("forward", seed)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mlconf-fuzz-") as tmp:
         path = Path(tmp) / "model.mlb"
+        work = Workdir(tmp)
         for index in _indices(count, seconds, start):
             h, flags = random_model(rng)
             if index % n != k:
                 continue
             c.mutants += 1
-            work = Workdir(Path(tmp) / f"w{index}")
             cid = f"fuzz/forward/seed{seed}/{index}"
             _write_model(path, h, flags, seed + index)
             spec = f"fuzz seed {seed} model {index}: {h} flags {flags}"
-            res = _forward_fails(backend, work, path, cid, spec)
+            res = _forward_fails(reference, backend, work, path, cid, spec, MODEL_TOKENS)
             if res is None:
                 c.agreed += 1
                 continue
-            h, flags, res = _shrink_model(backend, Path(tmp), h, flags, seed + index, cid, res)
+            h, flags, res = _shrink_model(reference, backend, work, h, flags, seed + index, cid, res)
             c.failures.append(res)
             entry = {"file": f"forward/seed{seed}-{index}.mlb", "index": index, "header": h, "flags": flags,
                      "outcome": res.outcome, "backend": backend.name, "detail": res.detail}
@@ -406,9 +398,10 @@ def forward_campaign(backend, seed: int, count: int | None, seconds: float | Non
     return c
 
 
-def _shrink_model(backend, tmp: Path, h: dict, flags, weight_seed: int, cid: str, res: Result):
+def _shrink_model(reference, backend, work: Workdir, h: dict, flags, weight_seed: int, cid: str,
+                  res: Result):
     """Turn features off, and drop layers, while the model still fails."""
-    path = tmp / "shrink.mlb"
+    path = Path(work.root) / "shrink.mlb"
 
     def fails(hh, ff, tag):
         from mlconf.backends.reference import loader
@@ -419,7 +412,7 @@ def _shrink_model(backend, tmp: Path, h: dict, flags, weight_seed: int, cid: str
         if not loader.load(path).ok:
             return None
         spec = f"fuzz model (shrunk): {hh} flags {ff}"
-        return _forward_fails(backend, Workdir(tmp / f"s-{tag}"), path, f"{cid}/{tag}", spec)
+        return _forward_fails(reference, backend, work, path, f"{cid}/{tag}", spec, MODEL_TOKENS)
 
     n_try = 0
     for name, off in SIMPLER.items():

@@ -137,7 +137,8 @@ def test_model_bench_rows_per_shape_type_backend_and_prompt(monkeypatch):
         pytest.skip("libmlrt is not built")
     tiny = dict(dim=64, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=64, vocab=40000, max_seq=64,
                 rope_theta=10000.0, norm_eps=1e-5, shared_classifier=1)
-    monkeypatch.setattr(bench, "BENCH_SHAPES", {"SmolLM2-135M": (tiny, (4, 8)), "Llama-3.2-1B": (tiny, (4,))})
+    monkeypatch.setattr(bench, "BENCH_SHAPES", {"SmolLM2-135M": (tiny, (4, 8), True),
+                                                "Llama-3.2-1B": (tiny, (4,), False)})
     rows = bench.model_bench(["native"], ("q8_0",), decode=2)
     got = [(r["model"], r["backend"], r["prompt"]) for r in rows]
     assert got == [("SmolLM2-135M shape q8_0", "native", 4),

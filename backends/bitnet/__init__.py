@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..base import BackendError
+from ..base import BITNET_ISAS, BackendError
 from ..native import HERE as NATIVE
 from ..native import LibraryBackend, library_available, open_library
 
 HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libmlbitnet.so"   # `pip install` and `python backends/native/build.py --all` build it
-ISAS = ("scalar", "avx2", "avxvnni", "avx512")
+ISAS = BITNET_ISAS
 
 
 def _sources() -> list[Path]:

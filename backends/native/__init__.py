@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..base import CAPABILITIES, BackendError, InputError, LoadResult, NumericError, Unsupported
+from ..base import CAPABILITIES, NATIVE_ISAS, BackendError, InputError, LoadResult, NumericError, Unsupported
 from . import abi
 
 HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libmlrt.so"      # pip install builds it here (editable installs: in the source tree)
-ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon", "neon-dotprod")
+ISAS = NATIVE_ISAS
 DEFAULT_TIMEOUT = 60.0             # seconds per call; MLCONF_WORKER_TIMEOUT overrides it
 MAX_TIMEOUT = 1e6                  # ~11 days: beyond what the clocks and select() take
 TIMEOUT_ENV = "MLCONF_WORKER_TIMEOUT"

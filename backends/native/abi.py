@@ -97,9 +97,6 @@ CAPABILITY_SYMBOLS: dict[str, tuple[str, ...]] = {
 # open_embedder's reading -> the ML_READ_* code of ml_embed_load_reading (optional in the embed group)
 READING_CODES = {None: 0, "float": 1, "ternary": 2}
 
-# every kernel table name of libmlrt and libmlbitnet (ml_set_isa), best first within a machine
-ISA_NAMES = ("avxvnni", "avx512", "avx2", "neon-dotprod", "neon", "scalar")
-
 REASON_LEN = 1024  # bytes of the reason buffers given to ml_check, ml_load and ml_tok_load
 
 

@@ -119,10 +119,11 @@ class _Server:
     def _tables(self) -> list[str]:
         """The kernel tables this library runs on this machine (ml_set_isa accepts them), the
         automatic choice restored after the probe; [] without ml_set_isa and ml_isa."""
+        from ..base import NATIVE_ISAS
         if not {"ml_set_isa", "ml_isa"} <= set(self.symbols):
             return []
         auto = self.ffi.string(self.lib.ml_isa())
-        found = [n for n in self.abi.ISA_NAMES if self.lib.ml_set_isa(n.encode()) == self.abi.ML_OK]
+        found = [n for n in NATIVE_ISAS if self.lib.ml_set_isa(n.encode()) == self.abi.ML_OK]
         self.lib.ml_set_isa(auto)
         return found
 

@@ -64,18 +64,11 @@ ML_API double mlrt_bench_read_bw(size_t bytes, int iters, int threads) {
     return best > 0 ? (double)(pages * 4096) / best / 1e9 : -1.0;
 }
 
-/* Cold runs (evict_mib > 0): before each timed product the pool's threads read evict_mib MiB (the
- * caller sizes it from the machine's last-level cache: a 260 MiB L3 keeps a 128 MiB buffer's worth
- * of weights) so the weights come from memory, as in a forward pass where every matrix is used once
- * per token. Reads, not memset: a large memset uses non-temporal stores, which bypass the caches
- * and evict nothing. */
-
-static void evict_chunk(void *arg, int64_t i0, int64_t i1) {
-    const uint64_t *p = (const uint64_t *)arg + (size_t)i0 * 512, *e = (const uint64_t *)arg + (size_t)i1 * 512;
-    uint64_t acc = 0;
-    for (; p < e; p += 8) acc += p[0]; /* one load per 64-byte line */
-    ((volatile uint64_t *)arg)[(size_t)i0 * 512] = acc; /* keeps the loads; the chunk is this thread's */
-}
+/* Cold runs (evict_mib > 0): before each timed product the pool's threads read evict_mib MiB with
+ * read_pages (the caller sizes it from the machine's last-level cache: a 260 MiB L3 keeps a 128
+ * MiB buffer's worth of weights) so the weights come from memory, as in a forward pass where every
+ * matrix is used once per token. Reads, not memset: a large memset uses non-temporal stores,
+ * which bypass the caches and evict nothing. */
 
 typedef struct {
     const ml_kernel_table *k;
@@ -126,7 +119,7 @@ ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, in
         matvec_job job = {k, fmt, nb, w, wd, x, xd, y};
         best = 1e30;
         for (int it = 0; it < iters; it++) {
-            if (evict) ml_pool_run(pool, (int64_t)(evict / 4096), evict_chunk, junk);
+            if (evict) ml_pool_run(pool, (int64_t)(evict / 4096), read_pages, junk);
             double t0 = now();
             ml_pool_run(pool, rows, matvec_rows, &job);
             double dt = now() - t0;
