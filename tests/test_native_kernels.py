@@ -11,7 +11,10 @@ runnable on this machine is compared:
 - dot_q8_0 / dot_q4_0: within a relative tolerance of the exact float64 combination, and
   bit-identical to the scalar twin (all ISAs share one float order; see src/kern_scalar.c);
 - dot4_q8_0 / dot4_q4_0 (one weight row, four activation rows): each row bit-identical to the
-  single-row dot, on every ISA and against the scalar twin.
+  single-row dot, on every ISA and against the scalar twin;
+- gemm8_q8_0 / gemm8_q4_0 (the packed GEMM of prefill and decode, through mlrt_test_gemm8: the
+  rows packed by src/repack.c): every (token, row) bit-identical to the scalar twin's single-row
+  dot of the row as stored, for token counts around each table's tile.
 NEON is checked by cross-compiling tests/neon_main.c with the kernel sources (aarch64-linux-gnu-gcc
 -static) and running it under qemu-aarch64 with and without the dot-product extension; the pool
 (src/pool.c) by tests/pool_main.c, also under ThreadSanitizer.
@@ -51,6 +54,8 @@ CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
 CDEF = """
 int mlrt_test_kernel(const char *isa, const char *op, int n, const void *a, const void *b,
                      const float *ad, const float *bd, void *out);
+int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt, const void *w, const float *wd,
+                    const int8_t *x, const float *xd, float *out);
 const char *ml_isa(void);
 int ml_set_isa(const char *isa);
 """
@@ -100,6 +105,21 @@ class Kernels:
         rc, out = self.call(isa, f"dot_{fmt}", x.size, w, x, wd, xd)
         assert rc == ML_OK
         return out[:4].view(np.float32)[0]
+
+    def gemm8(self, isa, fmt, w, wd, x, xd):
+        """rows x cols weights as stored (w: rows x bytes, wd: rows x nb) packed, against the nt rows
+        of x (nt x cols int8) and xd (nt x nb): float32 (nt, rows)."""
+        rows, nt, cols = wd.shape[0], x.shape[0], x.shape[1]
+        out = np.zeros((nt, rows), np.float32)
+        keep = [np.ascontiguousarray(v) for v in (w, wd, x, xd)]
+        f = self.ffi.from_buffer
+        rc = self.lib.mlrt_test_gemm8(isa.encode(), 1 if fmt == "q8_0" else 2, rows, cols, nt, f(keep[0]),
+                                      self.ffi.cast("const float *", f(keep[1])),
+                                      self.ffi.cast("const int8_t *", f(keep[2])),
+                                      self.ffi.cast("const float *", f(keep[3])),
+                                      self.ffi.cast("float *", f(out)))
+        assert rc == ML_OK, f"mlrt_test_gemm8 {isa} {fmt}: status {rc}"
+        return out
 
     def dot4(self, isa, fmt, w, wd, x4, xd4):
         """One weight row against the four rows of x4 (4 x n int8) and xd4 (4 x nb float32)."""
@@ -464,6 +484,46 @@ def test_dot4_equals_single_row_dots(kern, isa):
                 tag = f"{isa} dot4_{fmt} {what} row {r}"
                 assert got[r].tobytes() == np.float32(one).tobytes(), f"{tag} vs dot"
                 assert got[r].tobytes() == np.float32(want).tobytes(), f"{tag} vs scalar"
+
+
+def test_gemm8_equals_single_row_dots(kern, isa):
+    """The packed GEMM (src/repack.c's layout, kern_*'s gemm8) gives every token and row exactly
+    the scalar twin's single-row dot of the row as stored: token counts below, at and around the
+    tiles (2 and 4 tokens), block counts around the four running sums, the extreme sums (where
+    Q8_0's + 128 and Q4_0's unsigned nibbles reach the largest unsigned operands), and rows whose
+    bytes differ so a misplaced row or 4-byte group shows."""
+    if isa in ("neon", "neon-dotprod"):
+        pytest.skip(f"{isa} has no packed GEMM: forward.c runs dot4 on the rows as stored")
+    rng = np.random.default_rng(17)
+    cases = []
+    for nb, nt, rows in ((1, 1, 8), (2, 3, 8), (3, 4, 16), (4, 5, 8), (5, 2, 8), (7, 9, 24), (8, 1, 8),
+                         (13, 7, 16), (18, 64, 8), (67, 6, 8)):
+        w8 = rng.integers(-127, 128, (rows, nb * BLOCK)).astype(np.int8)
+        w4 = rng.integers(0, 256, (rows, nb * BLOCK // 2)).astype(np.uint8)
+        x = rng.integers(-127, 128, (nt, nb * BLOCK)).astype(np.int8)
+        wd = (rng.uniform(-1, 1, (rows, nb)) * np.exp2(rng.integers(-14, 6, (rows, nb)))).astype(np.float32)
+        xd = (rng.uniform(0, 1, (nt, nb)) * np.exp2(rng.integers(-14, 6, (nt, nb)))).astype(np.float32)
+        cases.append((f"random nb={nb} nt={nt} rows={rows}", w8, w4, wd, x, xd))
+    for a in (127, -127):  # the largest sums; Q4_0 nibbles 0 (-8) and 15 (7)
+        x = np.stack([np.full(9 * BLOCK, v, np.int8) for v in (127, -127, 127, -127, 127)])
+        cases.append((f"extremes {a}", np.full((8, 9 * BLOCK), a, np.int8),
+                      np.full((8, 9 * 16), 0x00 if a > 0 else 0xFF, np.uint8), np.ones((8, 9), np.float32), x,
+                      np.ones((5, 9), np.float32)))
+    for what, w8, w4, wd, x, xd in cases:
+        for fmt, w in (("q8_0", w8), ("q4_0", w4)):
+            got = kern.gemm8(isa, fmt, w, wd, x, xd)
+            for t in range(x.shape[0]):
+                for r in range(wd.shape[0]):
+                    want = np.float32(kern.dot("scalar", fmt, w[r], wd[r], x[t], xd[t]))
+                    assert got[t, r].tobytes() == want.tobytes(), f"{isa} gemm8_{fmt} {what} t {t} row {r}"
+
+
+def test_gemm8_refuses_rows_not_in_groups(kern):
+    """The hook packs whole groups of 8 rows only (forward.c sends the rest through dot)."""
+    rc = kern.lib.mlrt_test_gemm8(b"scalar", 1, 12, 32, 1, kern.ffi.new("int8_t[]", 12 * 32),
+                                  kern.ffi.new("float[]", 12), kern.ffi.new("int8_t[]", 32),
+                                  kern.ffi.new("float[]", 1), kern.ffi.new("float[]", 12))
+    assert rc == ML_E_ARG
 
 
 # ---------------------------------------------------------------- C drivers: NEON under qemu, the pool

@@ -57,8 +57,9 @@ ML_API int ml_load(const char *path, int32_t ctx, int32_t threads, ml_model **ou
     m->threads = threads;
     m->pool = ml_pool_new(threads);
     rc = m->pool ? ml_forward_init(m) : ML_E_NOMEM;
+    if (rc == ML_OK) rc = ml_repack(m);
     if (rc != ML_OK) {
-        ml_reason(reason, reason_len, "%s: cannot allocate the run-time state for ctx %d (status %d)", path,
+        ml_reason(reason, reason_len, "%s: cannot allocate the run-time state for ctx %d or the packed weights (status %d)", path,
                   (int)m->ctx, rc);
         ml_free(m);
         return rc;

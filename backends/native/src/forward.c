@@ -4,9 +4,9 @@
  *   state       KV cache per attention layer, conv inputs and S per linear layer, scratch
  *   RoPE        inverse frequencies and angles in double, as the reference computes them
  *   small ops   rmsnorm, activations, softcap
- *   matmul      each input row quantized to Q8_0 once, then every weight row dotted with every
- *               token of the chunk, four tokens per kernel call (one pass over the weights per
- *               chunk), rows split over the pool
+ *   matmul      each input row quantized to Q8_0 once, then the packed GEMM (groups of 8 rows
+ *               repacked at open, repack.c) over every token of the chunk, or dot4 where a table
+ *               has none: one pass over the weights per chunk, row groups split over the pool
  *   layers      attention, linear attention (the gated delta rule), FFN
  *   ml_forward  argument checks, then the tokens in chunks of at most CHUNK
  *
@@ -56,7 +56,8 @@ typedef struct {
     float *beta, *g;            /* linear layers: b then beta, a then g, per value head */
     float *att;                 /* n_heads x ctx attention weights */
     int8_t *xq;                 /* a matrix input quantized to Q8_0 ... */
-    float *xd;                  /* ... and its scales */
+    float *xd;                  /* ... its scales */
+    int32_t *xs;                /* ... and the sum of each block's bytes (the packed GEMM's offset) */
     int nonfinite;              /* a matrix input was not finite: the call fails (forward.nonfinite) */
 } fstate;
 
@@ -252,8 +253,11 @@ static void quantize(fstate *s, const float *x, int n, int cols) {
         return;
     }
     const ml_kernel_table *k = ml_kernels();
-    for (int t = 0; t < n; t++)
-        k->quantize_q8_0(x + (size_t)t * cols, cols, s->xq + (size_t)t * cols, s->xd + (size_t)t * (cols / QK));
+    int nb = cols / QK;
+    for (int t = 0; t < n; t++) {
+        k->quantize_q8_0(x + (size_t)t * cols, cols, s->xq + (size_t)t * cols, s->xd + (size_t)t * nb);
+        ml_block_sums(s->xq + (size_t)t * cols, nb, s->xs + (size_t)t * nb);
+    }
 }
 
 typedef struct {
@@ -261,19 +265,32 @@ typedef struct {
     const ml_kernel_table *k;
     float *out;
     int n;
-    const int8_t *xq[CHUNK]; /* token t's quantized input and its scales */
+    int64_t groups;          /* packed groups of 8 rows (0: the table has no gemm8 or w is not packed) */
+    const int8_t *xq[CHUNK]; /* token t's quantized input, its scales and block sums */
     const float *xd[CHUNK];
+    const int32_t *xs[CHUNK];
 } matmul_job;
 
-/* rows r0..r1 of W against every token: each weight row is read once for the whole chunk, four
- * tokens per kernel call (dot4 gives each token the single-row dot's bits: batched == one at a time) */
-static void matmul_rows(void *arg, int64_t r0, int64_t r1) {
+/* Units u0..u1 of W against every token: unit u < groups is the packed group u (rows 8u..8u+7,
+ * gemm8 reads its weights once for the chunk), the others are the rows left over, each read
+ * once for the chunk with four tokens per dot4 call. Both give every token the single-row dot's
+ * bits: batched == one at a time. */
+static void matmul_rows(void *arg, int64_t u0, int64_t u1) {
     const matmul_job *j = arg;
     const ml_matrix *w = j->w;
     const ml_kernel_table *k = j->k;
     int nb = w->cols / QK, n = j->n;
     size_t rows = (size_t)w->rows;
-    for (int64_t r = r0; r < r1; r++) {
+    int64_t G = j->groups;
+    for (int64_t u = u0; u < u1 && u < G; u++) {
+        const uint8_t *pq = w->pq + (size_t)u * nb * (w->fmt == ML_FMT_Q8_0 ? ML_PACK_Q8 : ML_PACK_Q4);
+        const float *pd = w->pd + (size_t)u * nb * ML_PACK;
+        float *out = j->out + (size_t)u * ML_PACK;
+        if (w->fmt == ML_FMT_Q8_0) k->gemm8_q8_0(nb, pq, pd, n, j->xq, j->xd, j->xs, out, rows);
+        else k->gemm8_q4_0(nb, pq, pd, n, j->xq, j->xd, j->xs, out, rows);
+    }
+    for (int64_t u = u0 > G ? u0 : G; u < u1; u++) {
+        int64_t r = G * ML_PACK + (u - G); /* a row left over */
         const float *wd = w->d + r * nb;
         const int8_t *w8 = (const int8_t *)w->q + r * w->cols;
         const uint8_t *w4 = (const uint8_t *)w->q + r * (nb * 16);
@@ -294,11 +311,15 @@ static void matmul_rows(void *arg, int64_t r0, int64_t r1) {
 /* out[t][r] = W·x[t] for the n tokens last quantized (out: n x rows) */
 static void matmul(struct ml_model *m, fstate *s, float *out, const ml_matrix *w, int n) {
     matmul_job j = {.w = w, .k = ml_kernels(), .out = out, .n = n};
+    j.groups = w->pq && j.k->gemm8_q8_0 ? w->rows / ML_PACK : 0;
+    int nb = w->cols / QK;
     for (int t = 0; t < n; t++) {
         j.xq[t] = s->xq + (size_t)t * w->cols;
-        j.xd[t] = s->xd + (size_t)t * (w->cols / QK);
+        j.xd[t] = s->xd + (size_t)t * nb;
+        j.xs[t] = s->xs + (size_t)t * nb;
     }
-    run(m, w->rows, (int64_t)w->rows * (w->cols / QK) * n, matmul_rows, &j);
+    int64_t units = j.groups + (w->rows - j.groups * ML_PACK);
+    run(m, units, (int64_t)w->rows * nb * n, matmul_rows, &j);
 }
 
 /* ------------------------------------------------------------------ attention */
@@ -689,6 +710,7 @@ int ml_forward_init(struct ml_model *m) {
     s->att = alloc(ml_mul_size(h->n_heads, ctx, &ovf), sizeof(float), &ok, &s->bytes);
     s->xq = alloc(ml_mul_size(B, in_cols, &ovf), 1, &ok, &s->bytes);
     s->xd = alloc(ml_mul_size(B, in_cols / QK, &ovf), sizeof(float), &ok, &s->bytes);
+    s->xs = alloc(ml_mul_size(B, in_cols / QK, &ovf), sizeof(int32_t), &ok, &s->bytes);
     if (!ok || ovf) {
         ml_forward_free(m);
         return ML_E_NOMEM;
@@ -723,6 +745,7 @@ void ml_forward_free(struct ml_model *m) {
     float *scratch[] = {s->x, s->xb, s->xb2, s->q, s->gate, s->o, s->hb, s->hb2, s->beta, s->g, s->att, s->xd};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) free(scratch[i]);
     free(s->xq);
+    free(s->xs);
     free(s);
     m->state = NULL;
 }

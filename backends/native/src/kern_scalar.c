@@ -144,6 +144,56 @@ static void dot4_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *c
     for (int t = 0; t < 4; t++) out[t] = s[t];
 }
 
+/* Row r of block b in the packed layout (kernels.h), summed against x's block directly (not
+ * through the sum-of-x offset the SIMD tables use, so the twin checks that identity too). */
+static int32_t isum_packed_q8_0(const uint8_t *blk, int r, const int8_t *x) {
+    int32_t s = 0;
+    for (int g = 0; g < 8; g++)
+        for (int i = 0; i < 4; i++) s += ((int32_t)blk[32 * g + 4 * r + i] - 128) * x[4 * g + i];
+    return s;
+}
+
+static int32_t isum_packed_q4_0(const uint8_t *blk, int r, const int8_t *x) {
+    int32_t s = 0;
+    for (int g = 0; g < 4; g++)
+        for (int i = 0; i < 4; i++) {
+            int32_t v = blk[32 * g + 4 * r + i];
+            s += ((v & 0x0F) - 8) * x[4 * g + i] + ((v >> 4) - 8) * x[QK / 2 + 4 * g + i];
+        }
+    return s;
+}
+
+/* dot_*'s order for each of the 8 rows and nt tokens (xs is for the SIMD tables' offset) */
+static void gemm8(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+                  const float *const *xd, float *out, size_t ldo, size_t bytes,
+                  int32_t (*isum)(const uint8_t *, int, const int8_t *)) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < ML_PACK; r++) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            int b = 0;
+            for (; b + 4 <= nb; b += 4)
+                for (int k = 0; k < 4; k++)
+                    acc[k] += term(wd[ML_PACK * (b + k) + r], xd[t][b + k],
+                                   isum(w + (size_t)(b + k) * bytes, r, x[t] + (size_t)(b + k) * QK));
+            float s = lanes(acc);
+            for (; b < nb; b++)
+                s = s + term(wd[ML_PACK * b + r], xd[t][b], isum(w + (size_t)b * bytes, r, x[t] + (size_t)b * QK));
+            out[(size_t)t * ldo + r] = s;
+        }
+}
+
+static void gemm8_q8_0(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
+    (void)xs;
+    gemm8(nb, w, wd, nt, x, xd, out, ldo, ML_PACK_Q8, isum_packed_q8_0);
+}
+
+static void gemm8_q4_0(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
+    (void)xs;
+    gemm8(nb, w, wd, nt, x, xd, out, ldo, ML_PACK_Q4, isum_packed_q4_0);
+}
+
 const float ml_q4_0_candidates[13] = {-6.0f, -6.2f, -6.4f, -6.6f, -6.8f, -7.0f, -7.2f,
                                      -7.4f, -7.6f, -7.8f, -8.0f, -8.2f, -8.4f};
 
@@ -188,5 +238,7 @@ const ml_kernel_table ml_kernels_scalar = {
     .dot_q4_0 = dot_q4_0,
     .dot4_q8_0 = dot4_q8_0,
     .dot4_q4_0 = dot4_q4_0,
+    .gemm8_q8_0 = gemm8_q8_0,
+    .gemm8_q4_0 = gemm8_q4_0,
     .q4_0_search = ml_q4_0_search_scalar,
 };

@@ -27,13 +27,17 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define DPBUSD(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#define DPBUSD_ACC(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #elif defined(__AVXVNNI__)
-#define DPBUSD(u, s) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), (u), (s))
+#define DPBUSD_ACC(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#endif
+#ifdef DPBUSD_ACC
+#define DPBUSD(u, s) DPBUSD_ACC(_mm256_setzero_si256(), (u), (s))
 #endif
 
 static inline float hmax8(__m256 v) { /* max is exact: any order gives the scalar result */
@@ -326,6 +330,142 @@ static void dot4_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *c
     DOT4(LOAD_Q4, HSUM_Q4);
 }
 
+/* The packed GEMM (kernels.h gemm8_*): lane r of every vector is row r of the group, so a block's
+ * 8 integer sums come out of vertical operations, and the float terms and the four running sums
+ * of dot_* (lane k of the single-row dot: here the accumulator acc[t][k]) are vertical too. A tile
+ * of TT tokens shares each block's loaded and unpacked weights; acc needs 4 TT vectors, so AVX-512
+ * (32 vector registers) takes 4 tokens per tile and the VEX tables (16) 2. */
+#ifdef __AVX512VL__
+#define TT 4
+#else
+#define TT 2
+#endif
+
+ALWAYS_INLINE __m256i bcast4(const int8_t *p) { /* x's bytes p[0..3] in every lane */
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* Block operands U[g], g < 8, lane r: row r's bytes against x's bytes 4g..4g+3 (both formats) */
+ALWAYS_INLINE void operands_q8(const uint8_t *p, __m256i U[8]) {
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        U[g] = load32(p + 32 * g); /* w + 128: vpdpbusd's unsigned operand */
+#ifndef DPBUSD_ACC
+        U[g] = _mm256_xor_si256(U[g], _mm256_set1_epi8((char)0x80)); /* w, for the sign trick */
+#endif
+    }
+}
+
+ALWAYS_INLINE void operands_q4(const uint8_t *p, __m256i U[8]) {
+    const __m256i m = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        __m256i v = load32(p + 32 * g);
+        U[g] = _mm256_and_si256(v, m);                         /* elements 4g.. + 8 */
+        U[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m); /* elements 16 + 4g.. + 8 */
+    }
+}
+
+#ifdef DPBUSD_ACC
+/* sum_g u x over the block, per lane: two chains of four, so that two vpdpbusd latencies overlap */
+ALWAYS_INLINE __m256i dp_groups(const __m256i U[8], const int8_t *xb) {
+    __m256i a = DPBUSD(U[0], bcast4(xb)), c = DPBUSD(U[1], bcast4(xb + 4));
+#pragma GCC unroll 4
+    for (int g = 2; g < 8; g += 2) {
+        a = DPBUSD_ACC(a, U[g], bcast4(xb + 4 * g));
+        c = DPBUSD_ACC(c, U[g + 1], bcast4(xb + 4 * g + 4));
+    }
+    return _mm256_add_epi32(a, c);
+}
+#endif
+
+/* The 8 rows' integer sums of a block against x's block xb (xs: the sum of its bytes). */
+ALWAYS_INLINE __m256i sums_q8(const __m256i U[8], const int8_t *xb, int32_t xs) {
+#ifdef DPBUSD_ACC /* sum (w + 128) x - 128 sum x */
+    return _mm256_sub_epi32(dp_groups(U, xb), _mm256_set1_epi32(128 * xs));
+#else /* the sign trick on w: no offset */
+    (void)xs;
+    __m256i a = part_i8(_mm256_sign_epi8(U[0], U[0]), U[0], bcast4(xb));
+    __m256i c = part_i8(_mm256_sign_epi8(U[1], U[1]), U[1], bcast4(xb + 4));
+#pragma GCC unroll 4
+    for (int g = 2; g < 8; g += 2) {
+        a = _mm256_add_epi32(a, part_i8(_mm256_sign_epi8(U[g], U[g]), U[g], bcast4(xb + 4 * g)));
+        c = _mm256_add_epi32(c, part_i8(_mm256_sign_epi8(U[g + 1], U[g + 1]), U[g + 1], bcast4(xb + 4 * g + 4)));
+    }
+    return _mm256_add_epi32(a, c);
+#endif
+}
+
+ALWAYS_INLINE __m256i sums_q4(const __m256i U[8], const int8_t *xb, int32_t xs) {
+#ifdef DPBUSD_ACC /* sum u x - 8 sum x */
+    return _mm256_sub_epi32(dp_groups(U, xb), _mm256_set1_epi32(8 * xs));
+#else /* int16 pairs u x: |pair| <= 2 * 15 * 128, so the 8 groups' pairs add in int16 (<= 30720) */
+    __m256i a = _mm256_maddubs_epi16(U[0], bcast4(xb)), c = _mm256_maddubs_epi16(U[1], bcast4(xb + 4));
+#pragma GCC unroll 4
+    for (int g = 2; g < 8; g += 2) {
+        a = _mm256_add_epi16(a, _mm256_maddubs_epi16(U[g], bcast4(xb + 4 * g)));
+        c = _mm256_add_epi16(c, _mm256_maddubs_epi16(U[g + 1], bcast4(xb + 4 * g + 4)));
+    }
+    __m256i s = _mm256_madd_epi16(_mm256_add_epi16(a, c), _mm256_set1_epi16(1));
+    return _mm256_sub_epi32(s, _mm256_set1_epi32(8 * xs));
+#endif
+}
+
+/* (wd * xd) * isum for the 8 rows: term()'s two roundings */
+ALWAYS_INLINE __m256 terms8(__m256 wd8, float xd, __m256i is) {
+    return _mm256_mul_ps(_mm256_mul_ps(wd8, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(is));
+}
+
+/* Tokens t0..t0+TN-1 against the group: dot_*'s order per row and token, acc[i][k] its lane k */
+#define GEMM_TILE(OPERANDS, SUMS, BYTES, TN)                                                     \
+    do {                                                                                         \
+        __m256 acc[TN][4];                                                                       \
+        _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++)                                     \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) acc[i][k] = _mm256_setzero_ps(); \
+        int b = 0;                                                                               \
+        for (; b + 4 <= nb; b += 4)                                                              \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                                \
+                __m256i U[8];                                                                    \
+                OPERANDS(w + (size_t)(b + k) * (BYTES), U);                                      \
+                const __m256 wd8 = _mm256_loadu_ps(wd + ML_PACK * (size_t)(b + k));              \
+                _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {                           \
+                    __m256i is = SUMS(U, QB(x[t0 + i], b + k), xs[t0 + i][b + k]);               \
+                    acc[i][k] = _mm256_add_ps(acc[i][k], terms8(wd8, xd[t0 + i][b + k], is));    \
+                }                                                                                \
+            }                                                                                    \
+        __m256 s[TN];                                                                            \
+        _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) s[i] =                              \
+            _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3])); \
+        for (; b < nb; b++) {                                                                    \
+            __m256i U[8];                                                                        \
+            OPERANDS(w + (size_t)b * (BYTES), U);                                                \
+            const __m256 wd8 = _mm256_loadu_ps(wd + ML_PACK * (size_t)b);                        \
+            _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) s[i] =                          \
+                _mm256_add_ps(s[i], terms8(wd8, xd[t0 + i][b], SUMS(U, QB(x[t0 + i], b), xs[t0 + i][b]))); \
+        }                                                                                        \
+        _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++)                                     \
+            _mm256_storeu_ps(out + (size_t)(t0 + i) * ldo, s[i]);                                \
+    } while (0)
+
+#define GEMM8(OPERANDS, SUMS, BYTES)                                                             \
+    do {                                                                                         \
+        int t0 = 0;                                                                              \
+        for (; t0 + TT <= nt; t0 += TT) GEMM_TILE(OPERANDS, SUMS, BYTES, TT);                    \
+        for (; t0 < nt; t0++) GEMM_TILE(OPERANDS, SUMS, BYTES, 1);                               \
+    } while (0)
+
+static void gemm8_q8_0(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
+    GEMM8(operands_q8, sums_q8, ML_PACK_Q8);
+}
+
+static void gemm8_q4_0(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
+    GEMM8(operands_q4, sums_q4, ML_PACK_Q4);
+}
+
 /* The Q4_0 search on 8 blocks at once, block b in lane b, the scalar twin's operations in its
  * order (mul, add, div, round-to-nearest-even, min/max; no FMA). The leftover blocks go to it. */
 static void q4_0_search(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
@@ -384,4 +524,4 @@ static void q4_0_search(int nb, const float *xs, const float *w, const float *xm
 #define X86_TABLE(isa)                                                                           \
     {.name = isa, .quantize_q8_0 = quantize_q8_0, .isums_q8_0 = isums_q8_0, .isums_q4_0 = isums_q4_0, \
      .dot_q8_0 = dot_q8_0, .dot_q4_0 = dot_q4_0, .dot4_q8_0 = dot4_q8_0, .dot4_q4_0 = dot4_q4_0,      \
-     .q4_0_search = q4_0_search}
+     .gemm8_q8_0 = gemm8_q8_0, .gemm8_q4_0 = gemm8_q4_0, .q4_0_search = q4_0_search}

@@ -32,6 +32,15 @@ typedef struct {
                       const float *const xd[4], float out[4]);
     void (*dot4_q4_0)(int nb, const uint8_t *w, const float *wd, const int8_t *const x[4],
                       const float *const xd[4], float out[4]);
+    /* The packed GEMM (prefill and decode): 8 weight rows in the packed layout below against nt
+     * activation rows x[t] (xd[t] its scales, xs[t][b] the sum of its block b's 32 bytes):
+     * out[t * ldo + r] is dot_*(row r, x[t]) bit for bit, in the same order of the same float
+     * operations, for r < 8 and t < nt. NULL in a table without one (NEON): forward.c then runs
+     * dot4 on the rows as stored. */
+    void (*gemm8_q8_0)(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo);
+    void (*gemm8_q4_0)(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo);
     /* The Q4_0 search of nb prepared blocks (q4_0.c): xs, w (nb * 32, block-major) the values
      * and their weights, xmax[b] the value that maps to each candidate level. For each of the 13
      * candidates c (specs/quant.yaml, in order), per block, in float32: iscale = c / xmax,
@@ -42,6 +51,19 @@ typedef struct {
     void (*q4_0_search)(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
                         int8_t *l);
 } ml_kernel_table;
+
+/* The packed layout (repack.c writes it at open): groups of ML_PACK rows. Block b of a group is
+ * ML_PACK_Q8 or ML_PACK_Q4 bytes, its rows' bytes interleaved 4 at a time so that one 32-bit lane
+ * of a vector is one row and a block's 8 integer sums need no horizontal reduction:
+ *   Q8_0: byte 32g + 4r + i = (uint8_t)(w[r][32b + 4g + i] + 128), g < 8 (unsigned: vpdpbusd's
+ *         u8 operand, and sum (w + 128) x = isum + 128 sum x);
+ *   Q4_0: byte 32g + 4r + i = the stored byte 16b + 4g + i of row r, g < 4: its low nibble is
+ *         element 4g + i + 8 and its high nibble element 16 + 4g + i + 8 (sum u x = isum + 8 sum x);
+ * and the group's scales are 8 floats per block, wd[8b + r]. llama.cpp's CPU repack buffers do
+ * the same for its Q4_0 8x8 kernels. */
+#define ML_PACK 8
+#define ML_PACK_Q8 (ML_PACK * QK)
+#define ML_PACK_Q4 (ML_PACK * QK / 2)
 
 /* The 13 candidate levels of the Q4_0 search: -6.0, -6.2, ..., -8.4 as float32. */
 extern const float ml_q4_0_candidates[13];

@@ -633,6 +633,8 @@ void ml_model_close(struct ml_model *m) {
     if (m->map) munmap((void *)m->map, m->map_size);
     free(m->layers);
     free(m->f16_scales);
+    free(m->packed);
+    m->packed = NULL;
     m->map = NULL;
     m->map_size = 0;
     m->layers = NULL;

@@ -14,6 +14,8 @@ typedef struct {           /* a quantized matrix, rows x cols (cols % 32 == 0) *
     int32_t rows, cols;
     const void *q;         /* int8 (Q8_0) or 16 bytes per block (Q4_0), in the mmap */
     const float *d;        /* rows * cols/32 scales: in the mmap (f32) or converted at load (f16) */
+    const uint8_t *pq;     /* rows / 8 groups in the packed layout (kernels.h ML_PACK), or NULL */
+    const float *pd;       /* their scales */
 } ml_matrix;
 
 typedef struct {
@@ -55,6 +57,8 @@ struct ml_model {
     const float *final_norm;
     ml_layer *layers;
     float *f16_scales;     /* owned: every f16 scale converted to f32 at load (NULL if scale_f16 == 0) */
+    void *packed;          /* owned: the packed matrices (repack.c), NULL before ml_repack or without gemm8 */
+    size_t packed_bytes;
     /* run-time state (forward.c) */
     int32_t ctx, threads, filled;
     void *state;           /* KV cache, linear-attention state, scratch: forward.c */
@@ -70,6 +74,14 @@ void ml_model_close(struct ml_model *m);
 /* forward.c */
 int ml_forward_init(struct ml_model *m);   /* allocate state for m->ctx */
 void ml_forward_free(struct ml_model *m);
+
+/* repack.c: pack every whole group of 8 rows of the matrices the forward pass multiplies by
+ * (m->pool must exist); ML_OK, also when the kernel table has no packed GEMM (nothing packed). */
+int ml_repack(struct ml_model *m);
+void ml_pack_groups(const ml_matrix *w, int64_t g0, int64_t g1, uint8_t *q, float *d);
+size_t ml_packed_q_bytes(const ml_matrix *w);
+size_t ml_packed_d_floats(const ml_matrix *w);
+void ml_block_sums(const int8_t *q, int nb, int32_t *out);
 
 /* pool.c: run fn(arg, i0, i1) over [0, n) split in contiguous ranges across the pool's threads */
 struct ml_pool;
