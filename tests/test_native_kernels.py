@@ -14,7 +14,9 @@ runnable on this machine is compared:
   single-row dot, on every ISA and against the scalar twin;
 - gemm8_q8_0 / gemm8_q4_0 (the packed GEMM of prefill and decode, through mlrt_test_gemm8: the
   rows packed by src/repack.c): every (token, row) bit-identical to the scalar twin's single-row
-  dot of the row as stored, for token counts around each table's tile.
+  dot of the row as stored, for token counts around each table's tile;
+- scores_f32 / wsum_f32 (attention's q.k and weighted sum of the values): bit-identical to the
+  scalar twin, and near float64, for key counts and head widths around the 8-wide steps.
 NEON is checked by cross-compiling tests/neon_main.c with the kernel sources (aarch64-linux-gnu-gcc
 -static) and running it under qemu-aarch64 with and without the dot-product extension; the pool
 (src/pool.c) by tests/pool_main.c, also under ThreadSanitizer.
@@ -48,7 +50,7 @@ MACHINE = platform.machine()
 X86 = MACHINE in ("x86_64", "AMD64")
 ARM = MACHINE in ("aarch64", "arm64")
 # The ISAs this machine's build can have; one not runnable on this CPU is skipped with a reason.
-ISAS = (["scalar"] + (["avxvnni", "avx512", "avx2"] if X86 else [])      # best first (src/dispatch.c)
+ISAS = (["scalar"] + (["avx512", "avxvnni", "avx2"] if X86 else [])      # best first (src/dispatch.c)
         + (["neon-dotprod", "neon"] if ARM else []))
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
 CDEF = """
@@ -56,6 +58,8 @@ int mlrt_test_kernel(const char *isa, const char *op, int n, const void *a, cons
                      const float *ad, const float *bd, void *out);
 int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt, const void *w, const float *wd,
                     const int8_t *x, const float *xd, float *out);
+int mlrt_test_attn(const char *isa, const char *op, int nk, int hd, size_t stride, const float *a,
+                   const float *kv, float *out);
 const char *ml_isa(void);
 int ml_set_isa(const char *isa);
 """
@@ -516,6 +520,36 @@ def test_gemm8_equals_single_row_dots(kern, isa):
                 for r in range(wd.shape[0]):
                     want = np.float32(kern.dot("scalar", fmt, w[r], wd[r], x[t], xd[t]))
                     assert got[t, r].tobytes() == want.tobytes(), f"{isa} gemm8_{fmt} {what} t {t} row {r}"
+
+
+def _attn(kern, isa, op, nk, hd, stride, a, kv):
+    out = np.zeros(nk if op == "scores_f32" else hd, np.float32)
+    f, c = kern.ffi.from_buffer, kern.ffi.cast
+    rc = kern.lib.mlrt_test_attn(isa.encode(), op.encode(), nk, hd, stride, c("const float *", f(a)),
+                                 c("const float *", f(kv)), c("float *", f(out)))
+    assert rc == ML_OK, f"mlrt_test_attn {isa} {op}: status {rc}"
+    return out
+
+
+def test_attention_kernels_equal_the_scalar_twin(kern, isa):
+    """scores_f32 (8 keys at a time on x86) and wsum_f32 (64 outputs at a time) give the scalar
+    twin's bits for key counts and head widths around their steps, keys strided as in the KV cache;
+    both stay near the float64 result (a wrong order would move bits, a wrong key or lane far more)."""
+    rng = np.random.default_rng(19)
+    for nk in (0, 1, 7, 8, 9, 16, 23, 65):
+        for hd in (1, 4, 8, 12, 36, 64, 72, 128, 136):
+            stride = hd + int(rng.integers(0, 3)) * 8
+            q = rng.standard_normal(hd).astype(np.float32)
+            kv = rng.standard_normal(max(nk, 1) * stride).astype(np.float32)
+            w = rng.uniform(0, 1, max(nk, 1)).astype(np.float32)
+            keys = kv[: nk * stride].reshape(nk, stride)[:, :hd].astype(np.float64)
+            for op, a, exact in (("scores_f32", q, keys @ q.astype(np.float64)),
+                                 ("wsum_f32", w, w[:nk].astype(np.float64) @ keys)):
+                got = _attn(kern, isa, op, nk, hd, stride, a, kv)
+                want = _attn(kern, "scalar", op, nk, hd, stride, a, kv)
+                tag = f"{isa} {op} nk={nk} hd={hd} stride={stride}"
+                assert got.tobytes() == want.tobytes(), tag
+                np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4 * (hd + nk), err_msg=tag)
 
 
 def test_gemm8_refuses_rows_not_in_groups(kern):

@@ -51,9 +51,10 @@ static int runnable(const ml_kernel_table *t) {
 
 /* Best first. */
 static const ml_kernel_table *const tables[] = {
-#if defined(__x86_64__) /* VEX before EVEX: the same kernels, and no AVX-512 frequency licence */
-    &ml_kernels_avxvnni,
+#if defined(__x86_64__) /* EVEX first: 256-bit vectors only (no AVX-512 frequency licence), and
+                         * its 32 registers hold the packed GEMM's 4-token tiles (16: 2 tokens) */
     &ml_kernels_avx512,
+    &ml_kernels_avxvnni,
     &ml_kernels_avx2,
 #endif
 #if defined(__aarch64__)

@@ -331,32 +331,13 @@ typedef struct {
     float scale, cap;
 } attn_job;
 
-/* q·k in a fixed order that the compiler can vectorize: 8 running sums (d mod 8), then
- * ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then the last n % 8 terms in order */
-static float dot_f32(const float *restrict a, const float *restrict b, int n) {
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int d = 0;
-    for (; d + 8 <= n; d += 8)
-        for (int j = 0; j < 8; j++) s[j] += a[d + j] * b[d + j];
-    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; d < n; d++) r += a[d] * b[d];
-    return r;
-}
-
-/* o += a v, element by element (restrict and blocks of 8: so that -O2 vectorizes it) */
-static void axpy(float *restrict o, float a, const float *restrict v, int n) {
-    int d = 0;
-    for (; d + 8 <= n; d += 8)
-        for (int j = 0; j < 8; j++) o[d + j] += a * v[d + j];
-    for (; d < n; d++) o[d] += a * v[d];
-}
-
 /* heads h0..h1 of every token of the chunk: scores, softmax, weighted sum of the values */
 static void attn_heads(void *arg, int64_t h0, int64_t h1) {
     const attn_job *j = arg;
     const struct ml_model *m = j->m;
     int hd = m->head_dim, qd = m->q_dim, kvd = m->kv_dim;
     int group = (int)(m->h.n_heads / m->h.n_kv_heads);
+    const ml_kernel_table *k = ml_kernels();
     for (int64_t h = h0; h < h1; h++) {
         float *att = j->s->att + h * m->ctx;
         const float *keys = j->L->k + (h / group) * hd, *vals = j->L->v + (h / group) * hd;
@@ -364,10 +345,11 @@ static void attn_heads(void *arg, int64_t h0, int64_t h1) {
             int p = j->pos + t;
             int start = j->window && p >= j->window ? p - j->window + 1 : 0; /* p - i < window */
             const float *q = j->s->q + (size_t)t * qd + h * hd;
+            int nk = p - start + 1;
+            k->scores_f32(q, keys + (size_t)start * kvd, (size_t)kvd, nk, hd, att + start);
             float max = -INFINITY;
             for (int i = start; i <= p; i++) {
-                const float *k = keys + (size_t)i * kvd;
-                float score = dot_f32(q, k, hd) * j->scale;
+                float score = att[i] * j->scale;
                 if (j->cap) score = softcap(score, j->cap);
                 att[i] = score;
                 if (score > max) max = score;
@@ -377,13 +359,9 @@ static void attn_heads(void *arg, int64_t h0, int64_t h1) {
                 att[i] = expf(att[i] - max);
                 sum += att[i];
             }
-            float *o = j->s->o + (size_t)t * qd + h * hd;
-            memset(o, 0, (size_t)hd * sizeof *o);
-            for (int i = start; i <= p; i++) {
-                float a = att[i] / sum;
-                const float *v = vals + (size_t)i * kvd;
-                axpy(o, a, v, hd);
-            }
+            for (int i = start; i <= p; i++) att[i] = att[i] / sum;
+            k->wsum_f32(att + start, vals + (size_t)start * kvd, (size_t)kvd, nk, hd,
+                        j->s->o + (size_t)t * qd + h * hd);
         }
     }
 }

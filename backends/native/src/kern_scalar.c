@@ -194,6 +194,29 @@ static void gemm8_q4_0(int nb, const uint8_t *w, const float *wd, int nt, const 
     gemm8(nb, w, wd, nt, x, xd, out, ldo, ML_PACK_Q4, isum_packed_q4_0);
 }
 
+/* q . k in scores_f32's order (kernels.h) */
+static float dot_f32(const float *q, const float *k, int hd) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int d = 0;
+    for (; d + 8 <= hd; d += 8)
+        for (int j = 0; j < 8; j++) s[j] += q[d + j] * k[d + j];
+    float s01 = s[0] + s[1], s23 = s[2] + s[3], s45 = s[4] + s[5], s67 = s[6] + s[7];
+    float s0123 = s01 + s23, s4567 = s45 + s67;
+    float r = s0123 + s4567;
+    for (; d < hd; d++) r += q[d] * k[d];
+    return r;
+}
+
+void ml_scores_f32_scalar(const float *q, const float *k, size_t stride, int nk, int hd, float *out) {
+    for (int i = 0; i < nk; i++) out[i] = dot_f32(q, k + (size_t)i * stride, hd);
+}
+
+void ml_wsum_f32_scalar(const float *a, const float *v, size_t stride, int nk, int hd, float *o) {
+    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+    for (int i = 0; i < nk; i++)
+        for (int d = 0; d < hd; d++) o[d] += a[i] * v[(size_t)i * stride + d];
+}
+
 const float ml_q4_0_candidates[13] = {-6.0f, -6.2f, -6.4f, -6.6f, -6.8f, -7.0f, -7.2f,
                                      -7.4f, -7.6f, -7.8f, -8.0f, -8.2f, -8.4f};
 
@@ -240,5 +263,7 @@ const ml_kernel_table ml_kernels_scalar = {
     .dot4_q4_0 = dot4_q4_0,
     .gemm8_q8_0 = gemm8_q8_0,
     .gemm8_q4_0 = gemm8_q4_0,
+    .scores_f32 = ml_scores_f32_scalar,
+    .wsum_f32 = ml_wsum_f32_scalar,
     .q4_0_search = ml_q4_0_search_scalar,
 };

@@ -466,6 +466,77 @@ static void gemm8_q4_0(int nb, const uint8_t *w, const float *wd, int nt, const 
     GEMM8(operands_q4, sums_q4, ML_PACK_Q4);
 }
 
+/* Attention (kernels.h scores_f32): 8 keys at a time, key r's 8 running sums in a[r] (lane j:
+ * d = j mod 8); two hadd levels give each key's (s0 + s1) + (s2 + s3) in the low 128 bits and
+ * (s4 + s5) + (s6 + s7) in the high, and their sum is the tree's last step, 8 keys wide. */
+ALWAYS_INLINE float tree8(__m256 a) { /* one key: the same tree */
+    __m256 h = _mm256_hadd_ps(a, a);
+    h = _mm256_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
+static void scores_f32(const float *q, const float *k, size_t stride, int nk, int hd, float *out) {
+    int d8 = hd - hd % 8, i = 0;
+    for (; i + 8 <= nk; i += 8) {
+        const float *kr = k + (size_t)i * stride;
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
+        for (int d = 0; d < d8; d += 8) {
+            __m256 qv = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(qv, _mm256_loadu_ps(kr + r * stride + d)));
+        }
+        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20),
+                                                _mm256_permute2f128_ps(h0, h1, 0x31)));
+        for (int r = 0; r < 8 && d8 < hd; r++) {
+            float t = out[i + r];
+            for (int d = d8; d < hd; d++) t += q[d] * kr[r * stride + d];
+            out[i + r] = t;
+        }
+    }
+    for (; i < nk; i++) {
+        const float *kr = k + (size_t)i * stride;
+        __m256 a = _mm256_setzero_ps();
+        for (int d = 0; d < d8; d += 8) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kr + d)));
+        float t = tree8(a);
+        for (int d = d8; d < hd; d++) t += q[d] * kr[d];
+        out[i] = t;
+    }
+}
+
+/* kernels.h wsum_f32: 64 outputs at a time in 8 accumulators (8 independent add chains over the
+ * keys), then 8 at a time, then one by one; every element added in key order from 0. */
+static void wsum_f32(const float *a, const float *v, size_t stride, int nk, int hd, float *o) {
+    int d = 0;
+    for (; d + 64 <= hd; d += 64) {
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+        for (int i = 0; i < nk; i++) {
+            __m256 av = _mm256_set1_ps(a[i]);
+            const float *vr = v + (size_t)i * stride + d;
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(av, _mm256_loadu_ps(vr + 8 * c)));
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, acc[c]);
+    }
+    for (; d + 8 <= hd; d += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < nk; i++)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(a[i]), _mm256_loadu_ps(v + (size_t)i * stride + d)));
+        _mm256_storeu_ps(o + d, acc);
+    }
+    for (; d < hd; d++) {
+        float t = 0.0f;
+        for (int i = 0; i < nk; i++) t += a[i] * v[(size_t)i * stride + d];
+        o[d] = t;
+    }
+}
+
 /* The Q4_0 search on 8 blocks at once, block b in lane b, the scalar twin's operations in its
  * order (mul, add, div, round-to-nearest-even, min/max; no FMA). The leftover blocks go to it. */
 static void q4_0_search(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
@@ -524,4 +595,5 @@ static void q4_0_search(int nb, const float *xs, const float *w, const float *xm
 #define X86_TABLE(isa)                                                                           \
     {.name = isa, .quantize_q8_0 = quantize_q8_0, .isums_q8_0 = isums_q8_0, .isums_q4_0 = isums_q4_0, \
      .dot_q8_0 = dot_q8_0, .dot_q4_0 = dot_q4_0, .dot4_q8_0 = dot4_q8_0, .dot4_q4_0 = dot4_q4_0,      \
-     .gemm8_q8_0 = gemm8_q8_0, .gemm8_q4_0 = gemm8_q4_0, .q4_0_search = q4_0_search}
+     .gemm8_q8_0 = gemm8_q8_0, .gemm8_q4_0 = gemm8_q4_0, .scores_f32 = scores_f32, .wsum_f32 = wsum_f32,  \
+     .q4_0_search = q4_0_search}

@@ -41,6 +41,13 @@ typedef struct {
                        const float *const *xd, const int32_t *const *xs, float *out, size_t ldo);
     void (*gemm8_q4_0)(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
                        const float *const *xd, const int32_t *const *xs, float *out, size_t ldo);
+    /* Attention's float kernels (forward.c), one order on every ISA. scores_f32: out[i] = q . k_i
+     * for the nk keys k_i = k + i * stride of hd floats: 8 running sums s_j over d = j (mod 8)
+     * (each product rounded, then added), then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)),
+     * then the last hd % 8 terms in order. wsum_f32: o[d] = sum_i a[i] * v_i[d], v_i = v + i *
+     * stride, added in key order from 0 (each product rounded, then added). */
+    void (*scores_f32)(const float *q, const float *k, size_t stride, int nk, int hd, float *out);
+    void (*wsum_f32)(const float *a, const float *v, size_t stride, int nk, int hd, float *o);
     /* The Q4_0 search of nb prepared blocks (q4_0.c): xs, w (nb * 32, block-major) the values
      * and their weights, xmax[b] the value that maps to each candidate level. For each of the 13
      * candidates c (specs/quant.yaml, in order), per block, in float32: iscale = c / xmax,
@@ -70,6 +77,10 @@ extern const float ml_q4_0_candidates[13];
 /* The scalar twin of q4_0_search, which the SIMD tables also run on their leftover blocks. */
 void ml_q4_0_search_scalar(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
                            int8_t *l);
+
+/* The scalar twins of scores_f32 and wsum_f32, which the NEON tables use as they are. */
+void ml_scores_f32_scalar(const float *q, const float *k, size_t stride, int nk, int hd, float *out);
+void ml_wsum_f32_scalar(const float *a, const float *v, size_t stride, int nk, int hd, float *o);
 
 const ml_kernel_table *ml_kernels(void);            /* the table in use */
 const ml_kernel_table *ml_kernels_named(const char *name); /* NULL if not built or not runnable */

@@ -12,7 +12,7 @@
  * Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown op) or ML_E_UNSUPPORTED (ISA not built or not
  * runnable on this CPU). The ISA in use (ml_isa) is not changed.
  *
- * int mlrt_test_gemm8(...): the packed GEMM (below).
+ * int mlrt_test_gemm8(...): the packed GEMM; mlrt_test_attn(...): attention's kernels (below).
  *
  * size_t mlrt_test_state_bytes(const ml_model *m): the bytes of m's run-time state and packed
  * weights (decision runtime.memory_bound; tests/test_native_memory.py).
@@ -115,6 +115,24 @@ ML_API int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt,
     free(pd);
     free(xs);
     return rc;
+}
+
+/* int mlrt_test_attn(isa, op, nk, hd, stride, a, kv, out): attention's float kernels:
+ *   "scores_f32": a = q[hd], kv = nk keys every stride floats; out = float[nk];
+ *   "wsum_f32":   a = weights[nk], kv = nk values every stride floats; out = float[hd].
+ * Returns ML_OK, ML_E_ARG or ML_E_UNSUPPORTED. */
+ML_API int mlrt_test_attn(const char *isa, const char *op, int nk, int hd, size_t stride, const float *a,
+                          const float *kv, float *out);
+
+ML_API int mlrt_test_attn(const char *isa, const char *op, int nk, int hd, size_t stride, const float *a,
+                          const float *kv, float *out) {
+    if (!isa || !op || !a || !kv || !out || nk < 0 || hd < 0 || stride < (size_t)hd) return ML_E_ARG;
+    const ml_kernel_table *t = ml_kernels_named(isa);
+    if (t == NULL) return ML_E_UNSUPPORTED;
+    if (strcmp(op, "scores_f32") == 0) t->scores_f32(a, kv, stride, nk, hd, out);
+    else if (strcmp(op, "wsum_f32") == 0) t->wsum_f32(a, kv, stride, nk, hd, out);
+    else return ML_E_ARG;
+    return ML_OK;
 }
 
 /* int mlrt_test_unicode(op, in, n, out, cap, n_out): the Unicode functions of unicode.h
