@@ -45,10 +45,6 @@ class Timing:
         rates = sorted(amount / t if t > 0 else math.inf for t in self.runs)
         return {"min": rates[0], "median": statistics.median(rates), "max": rates[-1], "runs": len(rates)}
 
-    def minus(self, other: Timing) -> Timing:
-        """Each run less ``other``'s median (a phase timed together with one before it)."""
-        return Timing(tuple(t - other.median for t in self.runs))
-
 
 def timed(fn: Callable[[], object], repeat: int) -> Timing:
     runs = []
