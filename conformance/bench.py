@@ -10,6 +10,7 @@ plus bytes written per second, of an np.copyto between two buffers of `bw_bytes`
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -361,11 +362,12 @@ def native_kernel_bench(isas: tuple[str, ...] = SIMD_ISAS) -> tuple[dict, list[d
 
 
 def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
-                           repeat: int = REPEAT) -> dict:
+                           repeat: int = REPEAT, beside: Callable[[], float] | None = None) -> dict:
     """The native runtime called in this process (no worker, no logits transfer), as llama.cpp is
     timed: prefill with ml_forward_last (the last position's logits only), then single-token
     decodes, each phase timed on its own (a difference of two medians can come out negative when
-    the prefill's noise exceeds the decode); median of ``repeat``."""
+    the prefill's noise exceeds the decode); median of ``repeat``. ``beside``: a measurement (the
+    memory bandwidth) taken before each run, returned per run with the decode runs (_beside)."""
     import cffi
 
     from mlconf.backends.native import LIBRARY
@@ -386,8 +388,10 @@ def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16,
         toks = (np.arange(prompt + decode) % lib.ml_vocab(m)).astype(np.int32)
         out = np.zeros(lib.ml_vocab(m), np.float32)
         buf = ffi.from_buffer("float[]", out)
-        runs_p, runs_d = [], []
+        runs_p, runs_d, bws = [], [], []
         for _ in range(max(1, repeat)):  # each phase timed on its own, as llama_cpp_bench does
+            if beside is not None:
+                bws.append(beside())
             t = time.perf_counter()
             lib.ml_forward_last(m, ffi.from_buffer("int32_t[]", toks), prompt, 0, buf)
             runs_p.append(time.perf_counter() - t)
@@ -399,7 +403,26 @@ def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16,
     finally:
         lib.ml_free(m)
     return {"prefill_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
-            "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
+            "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)},
+            **_beside(bws, td, decode)}
+
+
+def _beside(bws: list[float], td: Timing, decode: int) -> dict:
+    """The bandwidths measured before each run, each paired with the decode run after it: this VM's
+    read bandwidth moves by a third within minutes, so decode is set against the bandwidth of its
+    own minute (`decode_tok_per_memory_GB`: tokens/s over GB/s, per run, their median)."""
+    if not bws:
+        return {}
+    ratios = sorted(decode / t / bw for t, bw in zip(td.runs, bws, strict=True))
+    return {"memory_GB_s_beside": statistics.median(bws),
+            "decode_tok_per_memory_GB": statistics.median(ratios),
+            "spread_beside": {"memory_GB_s": {"min": min(bws), "median": statistics.median(bws),
+                                              "max": max(bws), "runs": len(bws)}}}
+
+
+def memory_bw_once(threads: int = 2) -> float:
+    """One read of bandwidths()'s memory buffer (4 x the last-level cache): GB/s."""
+    return _bench_lib().mlrt_bench_read_bw(max(4 * _llc(), 512 << 20), 1, threads)
 
 
 def _session_row(name: str, path: Path, prompt: int, decode: int, vocab: int) -> dict:
@@ -442,16 +465,19 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
                 if llama_cpp:
                     from mlconf.tools import gguf_export
                     gg = gguf_export.export(path, path.with_suffix(".gguf"))
+                # a model larger than the last-level cache decodes from memory: the memory
+                # bandwidth is measured before each of its runs (_beside)
+                beside = memory_bw_once if base["weight_bytes"] > _llc() else None
                 for prompt in prompts:
                     rows = [_session_row(n, path, prompt, decode, header["vocab"])
                             for n in (backends if sessions else ())]
                     if "native" in backends:  # the runtime itself, timed as llama.cpp is
                         rows.append({"backend": "native in-process, last logits",
-                                     **native_inprocess_bench(path, prompt, decode)})
+                                     **native_inprocess_bench(path, prompt, decode, beside=beside)})
                     if gg is not None:
-                        r = llama_cpp_bench(str(gg), prompt, decode)
-                        rows.append({"backend": "llama.cpp", "prefill_tok_s": r["prefill_tok_s"],
-                                     "decode_tok_s": r["decode_tok_s"], "spread": r["spread"]})
+                        r = llama_cpp_bench(str(gg), prompt, decode, beside=beside)
+                        rows.append({"backend": "llama.cpp", **{k: v for k, v in r.items() if k not in
+                                                                ("version", "isa", "threads")}})
                     out += [{**base, "prompt": prompt, **r} for r in rows]
     return out
 
@@ -519,19 +545,23 @@ def _llama(gguf_path: str | Path, n_ctx: int, n_batch: int, threads: int, logits
 
 
 def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
-                    warmup: bool = True, repeat: int = REPEAT) -> dict:
+                    warmup: bool = True, repeat: int = REPEAT,
+                    beside: Callable[[], float] | None = None) -> dict:
     """llama.cpp's prefill (one eval of ``prompt`` tokens) and decode (``decode`` evals of one
     token) tokens/s through llama-cpp-python, with model_bench's token ids; median of ``repeat``
     (llama.cpp's threads spin-wait, so a busy machine can slow one run tenfold). Logits of the
     last position only (logits_all=False, llama.cpp's default). ``warmup``: one single-token
-    eval first (faults the mmapped weights in, starts the threads), outside the timings."""
+    eval first (faults the mmapped weights in, starts the threads), outside the timings.
+    ``beside``: as native_inprocess_bench's."""
     llm = _llama(gguf_path, prompt + decode, prompt, threads, False)
-    runs_p, runs_d = [], []
+    runs_p, runs_d, bws = [], [], []
     try:
         toks = [int(t) for t in np.arange(prompt) % llm.n_vocab()]
         if warmup:
             llm.eval(toks[:1])
         for _ in range(max(1, repeat)):
+            if beside is not None:
+                bws.append(beside())
             llm.reset()  # the next eval starts at position 0 and drops the cached positions
             t = time.perf_counter()
             llm.eval(toks)
@@ -546,7 +576,8 @@ def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, t
     return {"backend": "llama.cpp", "version": llama_cpp_version(), "isa": llama_cpp_isa(),
             "threads": threads, "prefill_tok_s": prompt / tp.median,
             "decode_tok_s": decode / td.median,
-            "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)}}
+            "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)},
+            **_beside(bws, td, decode)}
 
 
 def llama_cpp_logits(gguf_path: str | Path, tokens, threads: int = 2) -> np.ndarray:
@@ -575,9 +606,12 @@ def native_doc() -> dict:
     version = llama_cpp_version()
     mrows = model_bench(["native", "reference"], llama_cpp=version is not None)
     for r in mrows:      # a decode step reads every weight once: its bytes/s against the two bandwidths
-        r["decode_weight_GB_s"] = r["decode_tok_s"] * r.pop("weight_bytes") / 1e9
+        wbytes = r.pop("weight_bytes")
+        r["decode_weight_GB_s"] = r["decode_tok_s"] * wbytes / 1e9
         r["of_memory_bw"] = r["decode_weight_GB_s"] / bws["memory_GB_s"]
         r["of_cache_bw"] = r["decode_weight_GB_s"] / bws["cache_GB_s"]
+        if "decode_tok_per_memory_GB" in r:  # against the bandwidth measured before each run
+            r["of_memory_bw_beside"] = r.pop("decode_tok_per_memory_GB") * wbytes / 1e9
     if version is not None:  # measured in this run, on the same weights
         llama = {(r["model"], r["prompt"]): r for r in mrows if r["backend"] == "llama.cpp"}
         for r in mrows:
@@ -614,7 +648,10 @@ def native_doc() -> dict:
                 note + " decode_weight_GB_s: the model's weight bytes read per decoded token, times "
                 "tokens/s, against the memory and the cache read bandwidth of the first line (a model "
                 "that fits the last-level cache decodes at cache speed; the 1B shape does not fit any "
-                "seen here).")], bandwidth=bws)
+                "seen here). For a model larger than the last-level cache the memory bandwidth is also "
+                "measured right before each run (memory_GB_s_beside, its median) and of_memory_bw_beside "
+                "is the median over the runs of each decode's weight GB/s over the bandwidth measured "
+                "before it: this VM's bandwidth moves by a third within minutes.")], bandwidth=bws)
 
 
 # ---------------------------------------------------------------- bitnet (issues 6, 13)

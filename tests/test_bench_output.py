@@ -147,3 +147,15 @@ def test_model_bench_rows_per_shape_type_backend_and_prompt(monkeypatch):
                    ("Llama-3.2-1B shape q8_0", "native in-process, last logits", 4)]
     for r in rows:
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["weight_bytes"] > 40000 * 64
+
+
+def test_decode_is_set_against_the_bandwidth_measured_before_it():
+    """bench._beside pairs each decode run with the bandwidth measured just before it: a slow run
+    in a slow minute is as good as a fast run in a fast one (the median of the ratios), and the
+    bandwidth's own spread is reported."""
+    from mlconf.bench import _beside
+    got = _beside([10.0, 20.0, 15.0], Timing((1.0, 0.5, 2.0)), 16)
+    assert got["decode_tok_per_memory_GB"] == 16 / 0.5 / 20 == 16 / 1.0 / 10
+    assert got["memory_GB_s_beside"] == 15.0
+    assert got["spread_beside"]["memory_GB_s"] == {"min": 10.0, "median": 15.0, "max": 20.0, "runs": 3}
+    assert _beside([], Timing((1.0,)), 16) == {}
