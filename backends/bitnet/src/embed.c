@@ -567,6 +567,7 @@ static void rope(float *x, int hd, const float *c, const float *s) {
 /* ---------------------------------------------------------------- scratch */
 typedef struct {
     float *x, *h, *xin, *q, *k, *v, *att, *y, *g, *u, *scores, *cos0, *sin0, *cos1, *sin1;
+    float *kh, *vh;        /* k and v head-major for the attention: [kv head][token][hd] */
     int8_t *q8;
     float *ascale;
     int32_t *asum;
@@ -574,6 +575,7 @@ typedef struct {
 
 static void scratch_free(scratch *s) {
     free(s->x), free(s->h), free(s->xin), free(s->q), free(s->k), free(s->v), free(s->att), free(s->y);
+    free(s->kh), free(s->vh);
     free(s->g), free(s->u), free(s->scores), free(s->cos0), free(s->sin0), free(s->cos1), free(s->sin1);
     free(s->q8), free(s->ascale), free(s->asum);
 }
@@ -603,6 +605,8 @@ static int scratch_new(const ml_embedder *e, int n, scratch *s) {
     s->att = alloc(ml_mul_size(N, qd, &ovf), sizeof(float), &ok);
     s->k = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
     s->v = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
+    s->kh = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
+    s->vh = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
     s->y = alloc(ml_mul_size(N, D > F ? D : F, &ovf), sizeof(float), &ok);
     s->g = alloc(ml_mul_size(N, F, &ovf), sizeof(float), &ok);
     s->u = alloc(ml_mul_size(N, F, &ovf), sizeof(float), &ok);
@@ -742,10 +746,16 @@ static int window_start(const attn_job *j, int i) {
 }
 
 /* o += p v_t (value row t of head h's KV head) */
+/* Token t's row of query head h's kv head in a head-major copy (kh, vh) */
+static const float *head_row(const attn_job *j, const float *hm, int64_t h, int t) {
+    const ml_embedder *e = j->e;
+    size_t kvh = (size_t)(h / (e->n_heads / e->n_kv));
+    return hm + (kvh * (size_t)j->n + (size_t)t) * (size_t)e->hd;
+}
+
 static void weigh(const attn_job *j, int64_t h, float p, int t, float *o) {
     const ml_embedder *e = j->e;
-    size_t kvd = (size_t)e->n_kv * (size_t)e->hd, kvo = (size_t)(h / (e->n_heads / e->n_kv)) * (size_t)e->hd;
-    e->k->axpy(e->hd, p, j->s->v + (size_t)t * kvd + kvo, o);
+    e->k->axpy(e->hd, p, head_row(j, j->s->vh, h, t), o);
 }
 
 /* Queries [i0, i0 + m) of head h, m = ATT_BLOCK or the last 1..3 alone (m = 1 each). Query i sees
@@ -756,11 +766,10 @@ static void attend(const attn_job *j, int64_t h, int i0, int m, float *sc) {
     const scratch *s = j->s;
     const i2s_kernel_table *k = e->k;
     int n = j->n, hd = e->hd;
-    size_t qd = (size_t)e->n_heads * (size_t)hd, kvd = (size_t)e->n_kv * (size_t)hd;
-    size_t kvo = (size_t)(h / (e->n_heads / e->n_kv)) * (size_t)hd;
+    size_t qd = (size_t)e->n_heads * (size_t)hd;
     const float *q[ATT_BLOCK];
     float *o[ATT_BLOCK], tot[ATT_BLOCK];
-    int lo[ATT_BLOCK];
+    int lo[ATT_BLOCK] = {0}; /* m >= 1 fills lo[0]; gcc -O1 cannot see it */
     for (int u = 0; u < m; u++) {
         q[u] = s->q + (size_t)(i0 + u) * qd + (size_t)h * (size_t)hd;
         o[u] = s->att + (size_t)(i0 + u) * qd + (size_t)h * (size_t)hd;
@@ -769,7 +778,7 @@ static void attend(const attn_job *j, int64_t h, int i0, int m, float *sc) {
     /* q . k: the table's dot_f32 order on every ISA; keys of the block's union, masked after */
     int t_lo = lo[0], t_hi = i0 + m - 1;
     for (int t = t_lo; t <= t_hi; t++) {
-        const float *kt = s->k + (size_t)t * kvd + kvo;
+        const float *kt = head_row(j, s->kh, h, t);
         float d[ATT_BLOCK];
         if (m == ATT_BLOCK)
             k->dot_f32x4(hd, kt, q, d);
@@ -798,7 +807,7 @@ static void attend(const attn_job *j, int64_t h, int i0, int m, float *sc) {
     for (int t = c_lo; t <= c_hi; t++) {
         float p[ATT_BLOCK];
         for (int u = 0; u < m; u++) p[u] = sc[(size_t)u * n + t] / tot[u];
-        k->axpy4(hd, p, s->v + (size_t)t * kvd + kvo, o);
+        k->axpy4(hd, p, head_row(j, s->vh, h, t), o);
     }
     for (int u = 0; u < m; u++)
         for (int t = c_hi + 1 > c_lo ? c_hi + 1 : c_lo; t <= i0 + u; t++)
@@ -856,6 +865,14 @@ static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) 
             rope(k, e->hd, ct, st);
         }
     }
+    /* one kv head's keys (values) contiguous: a token-major row is kvd floats, at Qwen3's 1024 one
+     * 4 KiB page per key, and the prefetchers do not cross pages */
+    for (size_t t = 0; t < N; t++)
+        for (int h = 0; h < nkv; h++) {
+            size_t src = (t * (size_t)nkv + (size_t)h) * hd, dst = ((size_t)h * N + t) * hd;
+            memcpy(s->kh + dst, s->k + src, hd * sizeof(float));
+            memcpy(s->vh + dst, s->v + src, hd * sizeof(float));
+        }
     attn_job aj = {e, s, n, Ly->sliding};
     ml_pool_run(e->pool, nh, attn_heads, &aj);
     if ((rc = linear(e, s, s->att, Ly->norm_in[P_O], &Ly->p[P_O], n, s->y))) return rc;
