@@ -3,7 +3,7 @@
  * mlrt_bench_read_bw   read bandwidth of a buffer over threads: the memory's (far above the
  *                      last-level cache) or the cache's (well below it)
  * mlrt_bench_matvec    matrix-vector products of one ISA and weight type, rows over threads,
- *                      weights in cache or (cold) from memory
+ *                      weights in cache or (cold) from memory, by forward.c's decode path
  * mlrt_bench_kernel    in-cache cost of one kernel on 4096 values (ns per call)
  * Timings are the best of `iters` runs (CLOCK_MONOTONIC); results only, no printing.
  */
@@ -80,6 +80,29 @@ typedef struct {
     float *y;
 } matvec_job;
 
+/* What forward.c's decode runs: the packed GEMM with one token, over groups of 8 rows */
+typedef struct {
+    const ml_kernel_table *k;
+    const ml_matrix *m;
+    const int8_t *x;
+    const float *xd;
+    const int32_t *xs;
+    float *y;
+} packed_job;
+
+static void matvec_groups(void *arg, int64_t g0, int64_t g1) {
+    const packed_job *j = arg;
+    int nb = j->m->cols / QK;
+    size_t gb = (size_t)nb * (j->m->fmt == ML_FMT_Q8_0 ? ML_PACK_Q8 : ML_PACK_Q4);
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *q = j->m->pq + (size_t)g * gb;
+        const float *d = j->m->pd + (size_t)g * nb * ML_PACK;
+        float *y = j->y + (size_t)g * ML_PACK;
+        if (j->m->fmt == ML_FMT_Q8_0) j->k->gemm8_q8_0(nb, q, d, 1, &j->x, &j->xd, &j->xs, y, ML_PACK);
+        else j->k->gemm8_q4_0(nb, q, d, 1, &j->x, &j->xd, &j->xs, y, ML_PACK);
+    }
+}
+
 static void matvec_rows(void *arg, int64_t r0, int64_t r1) {
     const matvec_job *j = arg;
     size_t row_bytes = (size_t)j->nb * (j->fmt == ML_FMT_Q8_0 ? 32u : 16u);
@@ -93,7 +116,8 @@ static void matvec_rows(void *arg, int64_t r0, int64_t r1) {
 
 /* Seconds per matrix-vector product (best of iters), cold (weights from memory) or not; fmt
  * ML_FMT_Q8_0 or ML_FMT_Q4_0; negative on an ISA that cannot run here or a failed allocation.
- * The caller divides weight bytes by it. */
+ * The caller divides weight bytes by it. As forward.c: the packed GEMM where the table has one
+ * and rows % 8 == 0 (the same bytes, repacked), else a dot per row. */
 ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, int threads, int iters,
                                 int evict_mib) {
     const ml_kernel_table *k = ml_kernels_named(isa);
@@ -117,14 +141,28 @@ ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, in
         for (int i = 0; i < cols; i++) x[i] = (int8_t)((int)(next(&s) % 255u) - 127);
         for (int i = 0; i < nb; i++) xd[i] = 1e-2f;
         matvec_job job = {k, fmt, nb, w, wd, x, xd, y};
+        ml_matrix m = {.fmt = fmt, .rows = rows, .cols = cols, .q = w, .d = wd};
+        int32_t *xs = malloc((size_t)nb * sizeof(int32_t));
+        uint8_t *pq = k->gemm8_q8_0 && rows % ML_PACK == 0 ? malloc(ml_packed_q_bytes(&m)) : NULL;
+        float *pd = pq ? malloc(ml_packed_d_floats(&m) * sizeof(float)) : NULL;
+        if (pq && pd && xs) {
+            ml_pack_groups(&m, 0, rows / ML_PACK, pq, pd);
+            ml_block_sums(x, nb, xs);
+            m.pq = pq, m.pd = pd;
+        }
+        packed_job pj = {k, &m, x, xd, xs, y};
         best = 1e30;
         for (int it = 0; it < iters; it++) {
             if (evict) ml_pool_run(pool, (int64_t)(evict / 4096), read_pages, junk);
             double t0 = now();
-            ml_pool_run(pool, rows, matvec_rows, &job);
+            if (m.pq) ml_pool_run(pool, rows / ML_PACK, matvec_groups, &pj);
+            else ml_pool_run(pool, rows, matvec_rows, &job);
             double dt = now() - t0;
             if (dt < best) best = dt;
         }
+        free(xs);
+        free(pq);
+        free(pd);
     }
     if (pool) ml_pool_free(pool);
     free(junk);
