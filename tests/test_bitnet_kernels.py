@@ -423,10 +423,16 @@ def test_elementwise_kernels_follow_the_formulas(lib, isa, seed):
         p = F32(rng.standard_normal())
         _same_bits(_kernel_f32(lib, isa, "axpy", x, np.concatenate([[p], y]).astype(F32)), y + p * x,
                    f"{isa} axpy n {n}")
-        p4 = rng.standard_normal(4).astype(F32)
         y4 = np.stack([y, -y, y[::-1], y * F32(3)]).astype(F32)
-        got = _kernel_f32(lib, isa, "axpy4", x, np.concatenate([p4, y4.ravel()]).astype(F32), count=4 * n)
-        _same_bits(got, (y4 + p4[:, None] * x).ravel(), f"{isa} axpy4 n {n}")
+        for nt in (0, 1, 3, 9):  # a run of nt V rows, each added in order
+            xs = np.array([np.roll(x, 5 * t) * F32(1 + t) for t in range(nt)], F32).reshape(nt, n)
+            p4 = rng.standard_normal((4, nt)).astype(F32)
+            want = y4.copy()
+            for t in range(nt):
+                want = want + p4[:, t, None] * xs[t]
+            b = np.concatenate([np.array([nt], np.int32).view(F32), p4.ravel(), y4.ravel()]).astype(F32)
+            got = _kernel_f32(lib, isa, "axpy4", xs.ravel() if nt else x, b, count=4 * n, n=n)
+            _same_bits(got, want.ravel(), f"{isa} axpy4 n {n} rows {nt}")
         for op in ("silu_mul", "gelu_mul"):
             _same_bits(_kernel_f32(lib, isa, op, x, y), _header_act(op[0] == "g", x, y), f"{isa} {op} n {n}")
 

@@ -804,10 +804,10 @@ static void attend(const attn_job *j, int64_t h, int i0, int m, float *sc) {
         int end = c_lo < i0 + u + 1 ? c_lo : i0 + u + 1;
         for (int t = lo[u]; t < end; t++) weigh(j, h, sc[(size_t)u * n + t] / tot[u], t, o[u]);
     }
-    for (int t = c_lo; t <= c_hi; t++) {
-        float p[ATT_BLOCK];
-        for (int u = 0; u < m; u++) p[u] = sc[(size_t)u * n + t] / tot[u];
-        k->axpy4(hd, p, head_row(j, s->vh, h, t), o);
+    if (c_lo <= c_hi) { /* the run's weights in place (no other loop reads them), then one call */
+        for (int u = 0; u < m; u++)
+            for (int t = c_lo; t <= c_hi; t++) sc[(size_t)u * n + t] = sc[(size_t)u * n + t] / tot[u];
+        k->axpy4(hd, c_hi - c_lo + 1, sc + c_lo, (size_t)n, head_row(j, s->vh, h, c_lo), o);
     }
     for (int u = 0; u < m; u++)
         for (int t = c_hi + 1 > c_lo ? c_hi + 1 : c_lo; t <= i0 + u; t++)

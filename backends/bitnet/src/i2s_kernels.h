@@ -51,10 +51,11 @@ typedef struct {
      * formula below (i2s_epilogue, i2s_axpy1, i2s_act1), so every table gives the same bits:
      * y[k] = i2s_epilogue(sumi[k], act_sum, a, d): one token's epilogue over n weight rows; */
     void (*epilogue)(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
-    /* y[k] = y[k] + p * x[k] (attention's weighted sum of V rows); axpy4: four (p, y) against one
-     * x, each y[i] as axpy(n, p[i], x, y[i]) */
+    /* y[k] = y[k] + p * x[k] (attention's weighted sum of V rows); axpy4: four y against nt rows
+     * x_t = x + t * n (a run of V rows), for t = 0, 1, ... in order y[i] as axpy(n, p[i * ps + t],
+     * x_t, y[i]), so each y stays in registers over the run */
     void (*axpy)(int n, float p, const float *x, float *y);
-    void (*axpy4)(int n, const float p[4], const float *x, float *const y[4]);
+    void (*axpy4)(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
     /* g[k] = act(g[k]) * u[k], act SiLU (gelu 0) or the tanh GELU (gelu 1): the gated FFN. */
     void (*act_mul)(int gelu, int n, float *g, const float *u);
 } i2s_kernel_table;
@@ -72,7 +73,7 @@ float i2s_avx2_quantize_act(const float *x, int n, int8_t *q, int32_t *sum);
 float i2s_avx2_dot_f16(int n, const uint16_t *w, const float *x);
 float i2s_avx2_dot_f32(int n, const float *w, const float *x);
 void i2s_avx2_dot_f32x4(int n, const float *w, const float *const x[4], float out[4]);
-void i2s_avx2_axpy4(int n, const float p[4], const float *x, float *const y[4]);
+void i2s_avx2_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
 void i2s_avx2_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
 void i2s_avx2_axpy(int n, float p, const float *x, float *y);
 void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u);
@@ -85,7 +86,7 @@ void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u);
 /* the scalar twin's element-wise kernels (i2s_scalar.c), which NEON shares */
 void i2s_scalar_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
 void i2s_scalar_axpy(int n, float p, const float *x, float *y);
-void i2s_scalar_axpy4(int n, const float p[4], const float *x, float *const y[4]);
+void i2s_scalar_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
 void i2s_scalar_dot_f32x4(int n, const float *w, const float *const x[4], float out[4]);
 void i2s_scalar_act_mul(int gelu, int n, float *g, const float *u);
 #if defined(__aarch64__)

@@ -77,8 +77,9 @@ void i2s_scalar_axpy(int n, float p, const float *x, float *y) {
     for (int k = 0; k < n; k++) y[k] = i2s_axpy1(y[k], p, x[k]);
 }
 
-void i2s_scalar_axpy4(int n, const float p[4], const float *x, float *const y[4]) {
-    for (int i = 0; i < 4; i++) i2s_scalar_axpy(n, p[i], x, y[i]);
+void i2s_scalar_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]) {
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < 4; i++) i2s_scalar_axpy(n, p[(size_t)i * ps + (size_t)t], x + (size_t)t * (size_t)n, y[i]);
 }
 
 void i2s_scalar_dot_f32x4(int n, const float *w, const float *const x[4], float out[4]) {

@@ -13,7 +13,8 @@
  *   "dot_f32x4":    a = float w[n], b = float x[4][n]; out = float[4];
  *   "epilogue":     a = int32 sumi[n], b = {int32 act_sum, float a, float d}; out = float y[n];
  *   "axpy":         a = float x[n], b = {float p, float y[n]}; out = float y[n] after y += p x;
- *   "axpy4":        a = float x[n], b = {float p[4], float y[4][n]}; out = float y[4][n] after;
+ *   "axpy4":        a = float x[nt][n], b = {int32 nt, float p[4][nt], float y[4][n]}; out = float
+ *                   y[4][n] after;
  *   "silu_mul", "gelu_mul": a = float g[n], b = float u[n]; out = float act(g) * u [n];
  *   "exp":          a = float x[n]; out = float i2s_exp(x) [n] (the header's formula, no table).
  * out holds at least 16 bytes. The integer dots need n a positive multiple of 128, the others n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
@@ -68,10 +69,13 @@ ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const vo
         return ML_OK;
     }
     if (strcmp(op, "axpy4") == 0) {
-        float p[4], *y = out, *ys[4] = {y, y + n, y + 2 * (size_t)n, y + 3 * (size_t)n};
-        memcpy(p, b, sizeof p);
-        memcpy(out, (const float *)b + 4, 4 * sizeof(float) * (size_t)n);
-        t->axpy4(n, p, a, ys);
+        int32_t nt;
+        memcpy(&nt, b, sizeof nt);
+        if (nt < 0) return ML_E_ARG;
+        const float *p = (const float *)b + 1;
+        float *y = out, *ys[4] = {y, y + n, y + 2 * (size_t)n, y + 3 * (size_t)n};
+        memcpy(out, p + 4 * (size_t)nt, 4 * sizeof(float) * (size_t)n);
+        t->axpy4(n, nt, p, (size_t)nt, a, ys);
         return ML_OK;
     }
     if (strcmp(op, "silu_mul") == 0 || strcmp(op, "gelu_mul") == 0) {

@@ -184,8 +184,8 @@ static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
             float *pa[4] = {ya[0], ya[1], ya[2], ya[3]}, *pb[4] = {yb[0], yb[1], yb[2], yb[3]};
             for (int r4 = 0; r4 < 4; r4++)
                 for (int k = 0; k < n; k++) ya[r4][k] = yb[r4][k] = u[(k + 17 * r4) % n];
-            s->axpy4(n, p4, x, pa);
-            t->axpy4(n, p4, x, pb);
+            s->axpy4(n, 1, p4, 1, x, pa);
+            t->axpy4(n, 1, p4, 1, x, pb);
             int differ = 0;
             for (int r4 = 0; r4 < 4; r4++) {
                 for (int k = 0; k < n; k++) yc[k] = u[(k + 17 * r4) % n];
