@@ -766,6 +766,23 @@ def bitnet_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -
         lib.ml_embed_free(e)
 
 
+def llama_cpp_quantize(src: str | Path, dst: str | Path, threads: int = 2) -> Path:
+    """``src`` (an F16 GGUF) quantized to Q8_0 by llama.cpp's own llama_model_quantize (the
+    `bench` extra): the file a llama.cpp user would run. Its per-tensor log is silenced."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp._utils import suppress_stdout_stderr
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    params.nthread = threads
+    with suppress_stdout_stderr(disable=False):
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"{src}: llama.cpp's llama_model_quantize to Q8_0 failed (status {rc})")
+    return Path(dst)
+
+
 def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -> Timing:
     """Seconds of llama.cpp's prefill of ``seq`` tokens (one eval, logits of the last position
     only: what llama-bench -p measures), ``repeat`` runs after a warm-up eval."""
@@ -786,7 +803,8 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
                          workdir: str | None = None) -> list[dict]:
     """Seed 004 section 7's benchmark on this machine: prefill tokens/s at each length of the F16
     teacher and the I2_S student on the bitnet runtime, and of llama.cpp on the same F16 teacher
-    GGUF (when the `bench` extra is installed), per thread count; with the projections' GOPS
+    GGUF and on its own Q8_0 of it (llama_cpp_quantize; when the `bench` extra is installed), per
+    thread count; with the projections' GOPS
     (2 x weights x tokens / s) and weight GB/s (each weight read once per pass) against the
     measured read bandwidth ``bw``, I2_S over F16, and mlconf over llama.cpp."""
     import tempfile
@@ -796,6 +814,9 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
     for shape in shapes:
         with tempfile.TemporaryDirectory(prefix="mlconf-bench-", dir=workdir) as tmp:
             files = write_bitnet_bench_models(tmp, shape)
+            if have_llama:  # llama.cpp's own Q8_0 of the same teacher
+                files["Q8_0 teacher"] = llama_cpp_quantize(files["F16 teacher"],
+                                                           Path(tmp) / f"{shape}-q8_0.gguf")
             params = _projection_params(shape)
             for th in threads:
                 for seq in seqs:
@@ -804,9 +825,10 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
                          "I2_S student": bitnet_prefill(files["I2_S student"], seq, th, rep)}
                     if have_llama:
                         t["llama.cpp F16 teacher"] = llama_cpp_prefill(files["F16 teacher"], seq, th, rep)
+                        t["llama.cpp Q8_0 teacher"] = llama_cpp_prefill(files["Q8_0 teacher"], seq, th, rep)
                     for label, timing in t.items():
                         sec = timing.median
-                        wbytes = params * (2 if "F16" in label else 0.25)
+                        wbytes = params * (2 if "F16" in label else 34 / 32 if "Q8_0" in label else 0.25)
                         row = {"model": f"{shape} {label}",
                                "backend": "llama.cpp" if "llama" in label else "bitnet",
                                "threads": th, "tokens": seq, "tokens_s": seq / sec,
@@ -816,6 +838,7 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
                             row["vs_F16_teacher"] = t["F16 teacher"].median / sec
                             if have_llama:
                                 row["vs_llama.cpp_F16"] = t["llama.cpp F16 teacher"].median / sec
+                                row["vs_llama.cpp_Q8_0"] = t["llama.cpp Q8_0 teacher"].median / sec
                         row["spread"] = {"tokens_s": timing.spread(seq)}
                         rows.append(row)
     return rows

@@ -231,3 +231,24 @@ def test_llama_cpp_bench_rates(exported):
     r = llama_cpp_bench(exported["q8_f16"], prompt=8, decode=4, repeat=1)
     assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0
     assert r["version"] == llama_cpp_version() is not None
+
+
+@pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python (extra `bench`) is not installed")
+def test_llama_cpp_quantize_gives_q8_0_weights(tmp_path):
+    """bench.llama_cpp_quantize (the bitnet bench's llama.cpp Q8_0 row) writes llama.cpp's own Q8_0
+    of an F16 GGUF: every 2-D F16 weight becomes Q8_0, the rest keeps its type, and the names and
+    shapes stay."""
+    from mlconf.bench import llama_cpp_quantize
+    src = Path(__file__).resolve().parents[1] / "golden" / "bitnet" / "qwen3_teacher_f16.gguf"
+    out = llama_cpp_quantize(src, tmp_path / "q8.gguf")
+    before = {t.name: t for t in gguf.GGUFReader(src).tensors}
+    after = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    assert before.keys() == after.keys()
+    for name, t in before.items():
+        q = after[name]
+        assert list(q.shape) == list(t.shape), name
+        want = gguf.GGMLQuantizationType.Q8_0 if t.tensor_type == gguf.GGMLQuantizationType.F16 and len(
+            t.shape) == 2 else t.tensor_type
+        assert q.tensor_type == want, name
+    with pytest.raises(RuntimeError, match="llama_model_quantize"):
+        llama_cpp_quantize(tmp_path / "missing.gguf", tmp_path / "x.gguf")
