@@ -57,7 +57,7 @@ CDEF = """
 int mlrt_test_kernel(const char *isa, const char *op, int n, const void *a, const void *b,
                      const float *ad, const float *bd, void *out);
 int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt, const void *w, const float *wd,
-                    const int8_t *x, const float *xd, float *out);
+                    int wd_f16, const int8_t *x, const float *xd, float *out);
 int mlrt_test_attn(const char *isa, const char *op, int nk, int hd, size_t stride, const float *a,
                    const float *kv, float *out);
 const char *ml_isa(void);
@@ -110,15 +110,15 @@ class Kernels:
         assert rc == ML_OK
         return out[:4].view(np.float32)[0]
 
-    def gemm8(self, isa, fmt, w, wd, x, xd):
-        """rows x cols weights as stored (w: rows x bytes, wd: rows x nb) packed, against the nt rows
-        of x (nt x cols int8) and xd (nt x nb): float32 (nt, rows)."""
+    def gemm8(self, isa, fmt, w, wd, x, xd, wd_f16=False):
+        """rows x cols weights as stored (w: rows x bytes, wd: rows x nb) packed (the scales as f16
+        with wd_f16), against the nt rows of x (nt x cols int8) and xd (nt x nb): float32 (nt, rows)."""
         rows, nt, cols = wd.shape[0], x.shape[0], x.shape[1]
         out = np.zeros((nt, rows), np.float32)
         keep = [np.ascontiguousarray(v) for v in (w, wd, x, xd)]
         f = self.ffi.from_buffer
         rc = self.lib.mlrt_test_gemm8(isa.encode(), 1 if fmt == "q8_0" else 2, rows, cols, nt, f(keep[0]),
-                                      self.ffi.cast("const float *", f(keep[1])),
+                                      self.ffi.cast("const float *", f(keep[1])), int(wd_f16),
                                       self.ffi.cast("const int8_t *", f(keep[2])),
                                       self.ffi.cast("const float *", f(keep[3])),
                                       self.ffi.cast("float *", f(out)))
@@ -495,7 +495,8 @@ def test_gemm8_equals_single_row_dots(kern, isa):
     the scalar twin's single-row dot of the row as stored: token counts below, at and around the
     tiles (2 and 4 tokens), block counts around the four running sums, the extreme sums (where
     Q8_0's + 128 and Q4_0's unsigned nibbles reach the largest unsigned operands), and rows whose
-    bytes differ so a misplaced row or 4-byte group shows."""
+    bytes differ so a misplaced row or 4-byte group shows; the scales packed as floats and, where
+    they are f16 values (a file with scale_f16), as f16."""
     if isa in ("neon", "neon-dotprod"):
         pytest.skip(f"{isa} has no packed GEMM: forward.c runs dot4 on the rows as stored")
     rng = np.random.default_rng(17)
@@ -514,12 +515,16 @@ def test_gemm8_equals_single_row_dots(kern, isa):
                       np.full((8, 9 * 16), 0x00 if a > 0 else 0xFF, np.uint8), np.ones((8, 9), np.float32), x,
                       np.ones((5, 9), np.float32)))
     for what, w8, w4, wd, x, xd in cases:
-        for fmt, w in (("q8_0", w8), ("q4_0", w4)):
-            got = kern.gemm8(isa, fmt, w, wd, x, xd)
-            for t in range(x.shape[0]):
-                for r in range(wd.shape[0]):
-                    want = np.float32(kern.dot("scalar", fmt, w[r], wd[r], x[t], xd[t]))
-                    assert got[t, r].tobytes() == want.tobytes(), f"{isa} gemm8_{fmt} {what} t {t} row {r}"
+        for f16 in (False, True):
+            if f16:  # f16 values, subnormals included
+                wd = wd.astype(np.float16).astype(np.float32)
+            for fmt, w in (("q8_0", w8), ("q4_0", w4)):
+                got = kern.gemm8(isa, fmt, w, wd, x, xd, f16)
+                for t in range(x.shape[0]):
+                    for r in range(wd.shape[0]):
+                        want = np.float32(kern.dot("scalar", fmt, w[r], wd[r], x[t], xd[t]))
+                        tag = f"{isa} gemm8_{fmt} {what} f16 {f16} t {t} row {r}"
+                        assert got[t, r].tobytes() == want.tobytes(), tag
 
 
 def _attn(kern, isa, op, nk, hd, stride, a, kv):
@@ -555,7 +560,7 @@ def test_attention_kernels_equal_the_scalar_twin(kern, isa):
 def test_gemm8_refuses_rows_not_in_groups(kern):
     """The hook packs whole groups of 8 rows only (forward.c sends the rest through dot)."""
     rc = kern.lib.mlrt_test_gemm8(b"scalar", 1, 12, 32, 1, kern.ffi.new("int8_t[]", 12 * 32),
-                                  kern.ffi.new("float[]", 12), kern.ffi.new("int8_t[]", 32),
+                                  kern.ffi.new("float[]", 12), 0, kern.ffi.new("int8_t[]", 32),
                                   kern.ffi.new("float[]", 1), kern.ffi.new("float[]", 12))
     assert rc == ML_E_ARG
 

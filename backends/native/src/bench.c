@@ -96,10 +96,10 @@ static void matvec_groups(void *arg, int64_t g0, int64_t g1) {
     size_t gb = (size_t)nb * (j->m->fmt == ML_FMT_Q8_0 ? ML_PACK_Q8 : ML_PACK_Q4);
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *q = j->m->pq + (size_t)g * gb;
-        const float *d = j->m->pd + (size_t)g * nb * ML_PACK;
+        const void *d = (const uint16_t *)j->m->pd + (size_t)g * nb * ML_PACK;
         float *y = j->y + (size_t)g * ML_PACK;
-        if (j->m->fmt == ML_FMT_Q8_0) j->k->gemm8_q8_0(nb, q, d, 1, &j->x, &j->xd, &j->xs, y, ML_PACK);
-        else j->k->gemm8_q4_0(nb, q, d, 1, &j->x, &j->xd, &j->xs, y, ML_PACK);
+        if (j->m->fmt == ML_FMT_Q8_0) j->k->gemm8_q8_0(nb, q, d, 1, 1, &j->x, &j->xd, &j->xs, y, ML_PACK);
+        else j->k->gemm8_q4_0(nb, q, d, 1, 1, &j->x, &j->xd, &j->xs, y, ML_PACK);
     }
 }
 
@@ -137,16 +137,17 @@ ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, in
     if (w && wd && x && xd && y && pool && (junk || !evict)) {
         uint32_t s = 12345u;
         for (size_t i = 0; i < wbytes; i++) w[i] = (uint8_t)(int8_t)((int)(next(&s) % 255u) - 127);  /* no -128 */
-        for (size_t i = 0; i < (size_t)rows * (size_t)nb; i++) wd[i] = 1e-3f * (float)(next(&s) % 100u);
+        for (size_t i = 0; i < (size_t)rows * (size_t)nb; i++)
+            wd[i] = ml_f16_to_f32(ml_f32_to_f16(1e-3f * (float)(next(&s) % 100u))); /* f16 scales */
         for (int i = 0; i < cols; i++) x[i] = (int8_t)((int)(next(&s) % 255u) - 127);
         for (int i = 0; i < nb; i++) xd[i] = 1e-2f;
         matvec_job job = {k, fmt, nb, w, wd, x, xd, y};
         ml_matrix m = {.fmt = fmt, .rows = rows, .cols = cols, .q = w, .d = wd};
         int32_t *xs = malloc((size_t)nb * sizeof(int32_t));
         uint8_t *pq = k->gemm8_q8_0 && rows % ML_PACK == 0 ? malloc(ml_packed_q_bytes(&m)) : NULL;
-        float *pd = pq ? malloc(ml_packed_d_floats(&m) * sizeof(float)) : NULL;
-        if (pq && pd && xs) {
-            ml_pack_groups(&m, 0, rows / ML_PACK, pq, pd);
+        uint16_t *pd = pq ? malloc(ml_packed_d_bytes(&m, 1)) : NULL;
+        if (pq && pd && xs) { /* f16 scales, as the bench models' files (the values are f16-exact) */
+            ml_pack_groups(&m, 0, rows / ML_PACK, pq, pd, 1);
             ml_block_sums(x, nb, xs);
             m.pq = pq, m.pd = pd;
         }

@@ -164,7 +164,12 @@ static int32_t isum_packed_q4_0(const uint8_t *blk, int r, const int8_t *x) {
 }
 
 /* dot_*'s order for each of the 8 rows and nt tokens (xs is for the SIMD tables' offset) */
-static void gemm8(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+/* packed scale i: f16 bits (exact in f32) or a float */
+static float packed_scale(const void *wd, int wd_f16, size_t i) {
+    return wd_f16 ? ml_f16_to_f32(((const uint16_t *)wd)[i]) : ((const float *)wd)[i];
+}
+
+static void gemm8(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
                   const float *const *xd, float *out, size_t ldo, size_t bytes,
                   int32_t (*isum)(const uint8_t *, int, const int8_t *)) {
     for (int t = 0; t < nt; t++)
@@ -173,25 +178,26 @@ static void gemm8(int nb, const uint8_t *w, const float *wd, int nt, const int8_
             int b = 0;
             for (; b + 4 <= nb; b += 4)
                 for (int k = 0; k < 4; k++)
-                    acc[k] += term(wd[ML_PACK * (b + k) + r], xd[t][b + k],
+                    acc[k] += term(packed_scale(wd, wd_f16, (size_t)ML_PACK * (b + k) + r), xd[t][b + k],
                                    isum(w + (size_t)(b + k) * bytes, r, x[t] + (size_t)(b + k) * QK));
             float s = lanes(acc);
             for (; b < nb; b++)
-                s = s + term(wd[ML_PACK * b + r], xd[t][b], isum(w + (size_t)b * bytes, r, x[t] + (size_t)b * QK));
+                s = s + term(packed_scale(wd, wd_f16, (size_t)ML_PACK * b + r), xd[t][b],
+                             isum(w + (size_t)b * bytes, r, x[t] + (size_t)b * QK));
             out[(size_t)t * ldo + r] = s;
         }
 }
 
-static void gemm8_q8_0(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+static void gemm8_q8_0(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
                        const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
     (void)xs;
-    gemm8(nb, w, wd, nt, x, xd, out, ldo, ML_PACK_Q8, isum_packed_q8_0);
+    gemm8(nb, w, wd, wd_f16, nt, x, xd, out, ldo, ML_PACK_Q8, isum_packed_q8_0);
 }
 
-static void gemm8_q4_0(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+static void gemm8_q4_0(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
                        const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
     (void)xs;
-    gemm8(nb, w, wd, nt, x, xd, out, ldo, ML_PACK_Q4, isum_packed_q4_0);
+    gemm8(nb, w, wd, wd_f16, nt, x, xd, out, ldo, ML_PACK_Q4, isum_packed_q4_0);
 }
 
 /* q . k in scores_f32's order (kernels.h) */

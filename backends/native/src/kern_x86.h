@@ -413,6 +413,12 @@ ALWAYS_INLINE __m256i sums_q4(const __m256i U[8], const int8_t *xb, int32_t xs) 
 #endif
 }
 
+/* Block b's 8 packed scales: f16 (F16C's conversion is exact) or floats */
+ALWAYS_INLINE __m256 scales8(const void *wd, int wd_f16, size_t b) {
+    return wd_f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)wd + ML_PACK * b)))
+                  : _mm256_loadu_ps((const float *)wd + ML_PACK * b);
+}
+
 /* (wd * xd) * isum for the 8 rows: term()'s two roundings */
 ALWAYS_INLINE __m256 terms8(__m256 wd8, float xd, __m256i is) {
     return _mm256_mul_ps(_mm256_mul_ps(wd8, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(is));
@@ -429,7 +435,7 @@ ALWAYS_INLINE __m256 terms8(__m256 wd8, float xd, __m256i is) {
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                                \
                 __m256i U[8];                                                                    \
                 OPERANDS(w + (size_t)(b + k) * (BYTES), U);                                      \
-                const __m256 wd8 = _mm256_loadu_ps(wd + ML_PACK * (size_t)(b + k));              \
+                const __m256 wd8 = scales8(wd, wd_f16, (size_t)(b + k));                         \
                 _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {                           \
                     __m256i is = SUMS(U, QB(x[t0 + i], b + k), xs[t0 + i][b + k]);               \
                     acc[i][k] = _mm256_add_ps(acc[i][k], terms8(wd8, xd[t0 + i][b + k], is));    \
@@ -441,7 +447,7 @@ ALWAYS_INLINE __m256 terms8(__m256 wd8, float xd, __m256i is) {
         for (; b < nb; b++) {                                                                    \
             __m256i U[8];                                                                        \
             OPERANDS(w + (size_t)b * (BYTES), U);                                                \
-            const __m256 wd8 = _mm256_loadu_ps(wd + ML_PACK * (size_t)b);                        \
+            const __m256 wd8 = scales8(wd, wd_f16, (size_t)b);                                   \
             _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) s[i] =                          \
                 _mm256_add_ps(s[i], terms8(wd8, xd[t0 + i][b], SUMS(U, QB(x[t0 + i], b), xs[t0 + i][b]))); \
         }                                                                                        \
@@ -456,12 +462,12 @@ ALWAYS_INLINE __m256 terms8(__m256 wd8, float xd, __m256i is) {
         for (; t0 < nt; t0++) GEMM_TILE(OPERANDS, SUMS, BYTES, 1);                               \
     } while (0)
 
-static void gemm8_q8_0(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+static void gemm8_q8_0(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
                        const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
     GEMM8(operands_q8, sums_q8, ML_PACK_Q8);
 }
 
-static void gemm8_q4_0(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+static void gemm8_q4_0(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
                        const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
     GEMM8(operands_q4, sums_q4, ML_PACK_Q4);
 }

@@ -37,9 +37,9 @@ typedef struct {
      * out[t * ldo + r] is dot_*(row r, x[t]) bit for bit, in the same order of the same float
      * operations, for r < 8 and t < nt. NULL in a table without one (NEON): forward.c then runs
      * dot4 on the rows as stored. */
-    void (*gemm8_q8_0)(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+    void (*gemm8_q8_0)(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
                        const float *const *xd, const int32_t *const *xs, float *out, size_t ldo);
-    void (*gemm8_q4_0)(int nb, const uint8_t *w, const float *wd, int nt, const int8_t *const *x,
+    void (*gemm8_q4_0)(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
                        const float *const *xd, const int32_t *const *xs, float *out, size_t ldo);
     /* Attention's float kernels (forward.c), one order on every ISA. scores_f32: out[i] = q . k_i
      * for the nk keys k_i = k + i * stride of hd floats: 8 running sums s_j over d = j (mod 8)
@@ -66,8 +66,9 @@ typedef struct {
  *         u8 operand, and sum (w + 128) x = isum + 128 sum x);
  *   Q4_0: byte 32g + 4r + i = the stored byte 16b + 4g + i of row r, g < 4: its low nibble is
  *         element 4g + i + 8 and its high nibble element 16 + 4g + i + 8 (sum u x = isum + 8 sum x);
- * and the group's scales are 8 floats per block, wd[8b + r]. llama.cpp's CPU repack buffers do
- * the same for its Q4_0 8x8 kernels. */
+ * and the group's scales are 8 per block, wd[8b + r]: f16 bits (wd_f16: the file's scales were
+ * f16, so decode reads as many scale bytes as the file holds) or floats. llama.cpp's CPU repack
+ * buffers do the same for its Q4_0 8x8 kernels. */
 #define ML_PACK 8
 #define ML_PACK_Q8 (ML_PACK * QK)
 #define ML_PACK_Q4 (ML_PACK * QK / 2)

@@ -15,7 +15,8 @@ typedef struct {           /* a quantized matrix, rows x cols (cols % 32 == 0) *
     const void *q;         /* int8 (Q8_0) or 16 bytes per block (Q4_0), in the mmap */
     const float *d;        /* rows * cols/32 scales: in the mmap (f32) or converted at load (f16) */
     const uint8_t *pq;     /* rows / 8 groups in the packed layout (kernels.h ML_PACK), or NULL */
-    const float *pd;       /* their scales */
+    const void *pd;        /* their scales: f16 bits (pd_f16) or floats */
+    int pd_f16;
 } ml_matrix;
 
 typedef struct {
@@ -78,9 +79,9 @@ void ml_forward_free(struct ml_model *m);
 /* repack.c: pack every whole group of 8 rows of the matrices the forward pass multiplies by
  * (m->pool must exist); ML_OK, also when the kernel table has no packed GEMM (nothing packed). */
 int ml_repack(struct ml_model *m);
-void ml_pack_groups(const ml_matrix *w, int64_t g0, int64_t g1, uint8_t *q, float *d);
+void ml_pack_groups(const ml_matrix *w, int64_t g0, int64_t g1, uint8_t *q, void *d, int d_f16);
 size_t ml_packed_q_bytes(const ml_matrix *w);
-size_t ml_packed_d_floats(const ml_matrix *w);
+size_t ml_packed_d_bytes(const ml_matrix *w, int d_f16);
 void ml_block_sums(const int8_t *q, int nb, int32_t *out);
 
 /* pool.c: run fn(arg, i0, i1) over [0, n) split in contiguous ranges across the pool's threads */

@@ -21,10 +21,13 @@ size_t ml_packed_q_bytes(const ml_matrix *w) {
     return (size_t)(w->rows / ML_PACK) * (size_t)(w->cols / QK) * block_bytes(w->fmt);
 }
 
-size_t ml_packed_d_floats(const ml_matrix *w) { return (size_t)(w->rows / ML_PACK) * ML_PACK * (size_t)(w->cols / QK); }
+size_t ml_packed_d_bytes(const ml_matrix *w, int d_f16) {
+    return (size_t)(w->rows / ML_PACK) * ML_PACK * (size_t)(w->cols / QK) * (d_f16 ? 2u : 4u);
+}
 
-/* Groups g0..g1-1 of w into q and d (the packed arrays of the whole matrix) */
-void ml_pack_groups(const ml_matrix *w, int64_t g0, int64_t g1, uint8_t *q, float *d) {
+/* Groups g0..g1-1 of w into q and d (the packed arrays of the whole matrix); d_f16: the scales as
+ * f16 bits, exact only when they came from f16 (a file with scale_f16) */
+void ml_pack_groups(const ml_matrix *w, int64_t g0, int64_t g1, uint8_t *q, void *d, int d_f16) {
     size_t nb = (size_t)(w->cols / QK), bb = block_bytes(w->fmt), row_bytes = nb * bb / ML_PACK;
     const uint8_t *src = w->q;
     for (int64_t g = g0; g < g1; g++) {
@@ -38,8 +41,12 @@ void ml_pack_groups(const ml_matrix *w, int64_t g0, int64_t g1, uint8_t *q, floa
                     for (int i = 0; i < 4; i++) o[i] = w->fmt == ML_FMT_Q8_0 ? (uint8_t)(in[i] ^ 0x80) : in[i];
                 }
         for (size_t b = 0; b < nb; b++)
-            for (int r = 0; r < ML_PACK; r++)
-                d[((size_t)g * nb + b) * ML_PACK + r] = w->d[((size_t)g * ML_PACK + r) * nb + b];
+            for (int r = 0; r < ML_PACK; r++) {
+                size_t i = ((size_t)g * nb + b) * ML_PACK + r;
+                float v = w->d[((size_t)g * ML_PACK + r) * nb + b];
+                if (d_f16) ((uint16_t *)d)[i] = ml_f32_to_f16(v);
+                else ((float *)d)[i] = v;
+            }
     }
 }
 
@@ -55,12 +62,13 @@ void ml_block_sums(const int8_t *q, int nb, int32_t *out) {
 typedef struct {
     ml_matrix *w;
     uint8_t *q;
-    float *d;
+    void *d;
+    int d_f16;
 } pack_job;
 
 static void pack_range(void *arg, int64_t g0, int64_t g1) {
     const pack_job *j = arg;
-    ml_pack_groups(j->w, g0, g1, j->q, j->d);
+    ml_pack_groups(j->w, g0, g1, j->q, j->d, j->d_f16);
 }
 
 /* Every matrix the forward pass multiplies by, in one allocation (m->packed); ML_E_NOMEM if it
@@ -78,29 +86,31 @@ int ml_repack(struct ml_model *m) {
             if (all[i]->q && all[i]->rows >= ML_PACK) mats[nmat++] = all[i];
     }
     if (m->wcls.q && m->wcls.rows >= ML_PACK) mats[nmat++] = &m->wcls;
+    int f16 = m->h.scale_f16 != 0; /* f16 scales stay f16: decode reads the file's scale bytes */
     bool ovf = false;
-    size_t floats = 0, bytes = 0;
+    size_t dbytes = 0, bytes = 0;
     for (size_t i = 0; i < nmat; i++) {
-        floats = ml_add_size(floats, ml_packed_d_floats(mats[i]), &ovf);
+        dbytes = ml_add_size(dbytes, ml_packed_d_bytes(mats[i], f16), &ovf);
         bytes = ml_add_size(bytes, ml_packed_q_bytes(mats[i]), &ovf);
     }
-    size_t total = ml_add_size(ml_mul_size(floats, sizeof(float), &ovf), bytes, &ovf);
-    float *d = ovf ? NULL : malloc(total ? total : 1); /* the scales first: float-aligned */
+    size_t total = ml_add_size(dbytes, bytes, &ovf);
+    uint8_t *d = ovf ? NULL : malloc(total ? total : 1); /* the scales first: aligned for them */
     if (!d) {
         free(mats);
         return ML_E_NOMEM;
     }
     m->packed = d;
     m->packed_bytes = total;
-    uint8_t *q = (uint8_t *)(d + floats);
+    uint8_t *q = d + dbytes;
     for (size_t i = 0; i < nmat; i++) {
         ml_matrix *w = mats[i];
-        pack_job j = {w, q, d};
+        pack_job j = {w, q, d, f16};
         ml_pool_run(m->pool, w->rows / ML_PACK, pack_range, &j);
         w->pq = q;
         w->pd = d;
+        w->pd_f16 = f16;
         q += ml_packed_q_bytes(w);
-        d += ml_packed_d_floats(w);
+        d += ml_packed_d_bytes(w, f16);
     }
     free(mats);
     return ML_OK;

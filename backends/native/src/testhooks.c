@@ -70,17 +70,18 @@ ML_API int mlrt_test_kernel(const char *isa, const char *op, int n, const void *
 }
 
 
-/* int mlrt_test_gemm8(isa, fmt, rows, cols, nt, w, wd, x, xd, out): the packed GEMM as forward.c
- * runs it: a rows x cols matrix as stored (fmt 1 Q8_0: int8 w[rows][cols]; 2 Q4_0: 16 bytes per
- * block), its scales wd[rows][cols / 32], packed by repack.c (rows a multiple of 8), against nt
+/* int mlrt_test_gemm8(isa, fmt, rows, cols, nt, w, wd, wd_f16, x, xd, out): the packed GEMM as
+ * forward.c runs it: a rows x cols matrix as stored (fmt 1 Q8_0: int8 w[rows][cols]; 2 Q4_0: 16
+ * bytes per block), its scales wd[rows][cols / 32] (wd_f16: packed as f16, which they must be
+ * exactly), packed by repack.c (rows a multiple of 8), against nt
  * rows x[nt][cols] with scales xd[nt][cols / 32] and their block sums (ml_block_sums):
  * out[t][r] (float[nt][rows]). Returns ML_OK, ML_E_ARG, ML_E_NOMEM, or ML_E_UNSUPPORTED (ISA not
  * runnable here, or a table without gemm8). */
 ML_API int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt, const void *w, const float *wd,
-                           const int8_t *x, const float *xd, float *out);
+                           int wd_f16, const int8_t *x, const float *xd, float *out);
 
 ML_API int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt, const void *w, const float *wd,
-                           const int8_t *x, const float *xd, float *out) {
+                           int wd_f16, const int8_t *x, const float *xd, float *out) {
     if (!isa || !w || !wd || !x || !xd || !out || rows <= 0 || rows % ML_PACK || cols <= 0 || cols % QK ||
         nt <= 0 || nt > 64 || (fmt != ML_FMT_Q8_0 && fmt != ML_FMT_Q4_0))
         return ML_E_ARG;
@@ -89,14 +90,14 @@ ML_API int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt,
     ml_matrix m = {.fmt = fmt, .rows = rows, .cols = cols, .q = w, .d = wd};
     int nb = cols / QK;
     uint8_t *pq = malloc(ml_packed_q_bytes(&m));
-    float *pd = malloc(ml_packed_d_floats(&m) * sizeof(float));
+    uint8_t *pd = malloc(ml_packed_d_bytes(&m, wd_f16));
     int32_t *xs = malloc((size_t)nt * nb * sizeof(int32_t));
     const int8_t *xp[64];
     const float *xdp[64];
     const int32_t *xsp[64];
     int rc = pq && pd && xs ? ML_OK : ML_E_NOMEM;
     if (rc == ML_OK) {
-        ml_pack_groups(&m, 0, rows / ML_PACK, pq, pd);
+        ml_pack_groups(&m, 0, rows / ML_PACK, pq, pd, wd_f16);
         for (int i = 0; i < nt; i++) {
             xp[i] = x + (size_t)i * cols;
             xdp[i] = xd + (size_t)i * nb;
@@ -106,9 +107,10 @@ ML_API int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt,
         size_t gbytes = (size_t)nb * (fmt == ML_FMT_Q8_0 ? ML_PACK_Q8 : ML_PACK_Q4);
         for (int g = 0; g < rows / ML_PACK; g++) {
             const uint8_t *q = pq + (size_t)g * gbytes;
-            const float *d = pd + (size_t)g * nb * ML_PACK;
-            if (fmt == ML_FMT_Q8_0) t->gemm8_q8_0(nb, q, d, nt, xp, xdp, xsp, out + (size_t)g * ML_PACK, (size_t)rows);
-            else t->gemm8_q4_0(nb, q, d, nt, xp, xdp, xsp, out + (size_t)g * ML_PACK, (size_t)rows);
+            const uint8_t *d = pd + (size_t)g * nb * ML_PACK * (wd_f16 ? 2 : 4);
+            float *o = out + (size_t)g * ML_PACK;
+            if (fmt == ML_FMT_Q8_0) t->gemm8_q8_0(nb, q, d, wd_f16, nt, xp, xdp, xsp, o, (size_t)rows);
+            else t->gemm8_q4_0(nb, q, d, wd_f16, nt, xp, xdp, xsp, o, (size_t)rows);
         }
     }
     free(pq);
