@@ -5,6 +5,7 @@ long campaigns belong to a fuzzing fleet."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -42,4 +43,5 @@ def test_fuzz_target_runs_clean(target, ext, corpus, tmp_path):
                         "-max_len=65536", *dirs],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Done 3000 runs" in r.stderr
+    done = re.search(r"Done (\d+) runs", r.stderr)  # libFuzzer may finish a mutation round past -runs
+    assert done and int(done.group(1)) >= 3000, r.stderr[-3000:]

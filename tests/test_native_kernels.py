@@ -586,7 +586,7 @@ def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: li
 
 
 NEON_SOURCES = [(NATIVE / "tests" / "neon_main.c", []), (SRC / "kern_scalar.c", []), (SRC / "dispatch.c", []),
-                (SRC / "cpu.c", []), (SRC / "kern_neon.c", []),
+                (SRC / "cpu.c", []), (SRC / "f16.c", []), (SRC / "kern_neon.c", []),
                 (SRC / "kern_neon_dotprod.c", ["-march=armv8.2-a+dotprod"])]
 
 
@@ -657,7 +657,8 @@ def test_avx2_driver_sanitized(tmp_path):
     isa_flags = _load_build_module().ISA_FLAGS
     tables = ("kern_avx2.c", "kern_avxvnni.c", "kern_avx512.c")
     srcs = [(NATIVE / "tests" / "neon_main.c", san), (SRC / "kern_scalar.c", san), (SRC / "dispatch.c", san),
-            (SRC / "cpu.c", san), *((SRC / t, [*san, *isa_flags[t][1]]) for t in tables)]
+            (SRC / "cpu.c", san), (SRC / "f16.c", san),
+            *((SRC / t, [*san, *isa_flags[t][1]]) for t in tables)]
     exe = _compile("gcc", tmp_path / "kern_main", srcs, san)
     r = _run([str(exe), "--rounds", "300"])
     if r.returncode and "avx2: not runnable" in r.stdout:
