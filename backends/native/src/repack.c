@@ -4,9 +4,9 @@
  * the mmap and go through the single-row dot. tok_emb is read row by row (embedding lookups) and
  * stays as stored; a shared classifier gets its own packed copy.
  *
- * Packing is a permutation of bytes (Q8_0 offset by 128), so it cannot change a result: every
- * table's gemm8 gives dot_*'s bits (tests/test_native_kernels.py), and a table without gemm8
- * (NEON) skips the packing.
+ * Packing is a permutation of bytes (Q8_0 offset by 128; the scales of a scale_f16 file back in
+ * f16, which they came from exactly), so it cannot change a result: every table's gemm8 gives
+ * dot_*'s bits (tests/test_native_kernels.py), and a table without gemm8 (NEON) skips it.
  */
 #include <stdlib.h>
 #include <string.h>
