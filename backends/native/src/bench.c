@@ -92,15 +92,7 @@ typedef struct {
 
 static void matvec_groups(void *arg, int64_t g0, int64_t g1) {
     const packed_job *j = arg;
-    int nb = j->m->cols / QK;
-    size_t gb = (size_t)nb * (j->m->fmt == ML_FMT_Q8_0 ? ML_PACK_Q8 : ML_PACK_Q4);
-    for (int64_t g = g0; g < g1; g++) {
-        const uint8_t *q = j->m->pq + (size_t)g * gb;
-        const void *d = (const uint16_t *)j->m->pd + (size_t)g * nb * ML_PACK;
-        float *y = j->y + (size_t)g * ML_PACK;
-        if (j->m->fmt == ML_FMT_Q8_0) j->k->gemm8_q8_0(nb, q, d, 1, 1, &j->x, &j->xd, &j->xs, y, ML_PACK);
-        else j->k->gemm8_q4_0(nb, q, d, 1, 1, &j->x, &j->xd, &j->xs, y, ML_PACK);
-    }
+    ml_gemm8_groups(j->k, j->m, g0, g1, 1, &j->x, &j->xd, &j->xs, j->y, ML_PACK);
 }
 
 static void matvec_rows(void *arg, int64_t r0, int64_t r1) {
@@ -149,7 +141,7 @@ ML_API double mlrt_bench_matvec(const char *isa, int fmt, int rows, int cols, in
         if (pq && pd && xs) { /* f16 scales, as the bench models' files (the values are f16-exact) */
             ml_pack_groups(&m, 0, rows / ML_PACK, pq, pd, 1);
             ml_block_sums(x, nb, xs);
-            m.pq = pq, m.pd = pd;
+            m.pq = pq, m.pd = pd, m.pd_f16 = 1;
         }
         packed_job pj = {k, &m, x, xd, xs, y};
         best = 1e30;

@@ -282,13 +282,7 @@ static void matmul_rows(void *arg, int64_t u0, int64_t u1) {
     int nb = w->cols / QK, n = j->n;
     size_t rows = (size_t)w->rows;
     int64_t G = j->groups;
-    for (int64_t u = u0; u < u1 && u < G; u++) {
-        const uint8_t *pq = w->pq + (size_t)u * nb * (w->fmt == ML_FMT_Q8_0 ? ML_PACK_Q8 : ML_PACK_Q4);
-        const void *pd = (const uint8_t *)w->pd + (size_t)u * nb * ML_PACK * (w->pd_f16 ? 2 : 4);
-        float *out = j->out + (size_t)u * ML_PACK;
-        if (w->fmt == ML_FMT_Q8_0) k->gemm8_q8_0(nb, pq, pd, w->pd_f16, n, j->xq, j->xd, j->xs, out, rows);
-        else k->gemm8_q4_0(nb, pq, pd, w->pd_f16, n, j->xq, j->xd, j->xs, out, rows);
-    }
+    if (u0 < G) ml_gemm8_groups(k, w, u0, u1 < G ? u1 : G, n, j->xq, j->xd, j->xs, j->out, rows);
     for (int64_t u = u0 > G ? u0 : G; u < u1; u++) {
         int64_t r = G * ML_PACK + (u - G); /* a row left over */
         const float *wd = w->d + r * nb;

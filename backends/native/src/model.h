@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../include/mlrt.h"
+#include "kernels.h"
 
 enum { ML_FMT_Q8_0 = 1, ML_FMT_Q4_0 = 2 };
 
@@ -83,6 +84,9 @@ void ml_pack_groups(const ml_matrix *w, int64_t g0, int64_t g1, uint8_t *q, void
 size_t ml_packed_q_bytes(const ml_matrix *w);
 size_t ml_packed_d_bytes(const ml_matrix *w, int d_f16);
 void ml_block_sums(const int8_t *q, int nb, int32_t *out);
+void ml_gemm8_groups(const ml_kernel_table *k, const ml_matrix *w, int64_t g0, int64_t g1, int nt,
+                     const int8_t *const *x, const float *const *xd, const int32_t *const *xs, float *out,
+                     size_t ldo);
 
 /* pool.c: run fn(arg, i0, i1) over [0, n) split in contiguous ranges across the pool's threads */
 struct ml_pool;

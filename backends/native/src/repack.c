@@ -9,7 +9,6 @@
  * dot_*'s bits (tests/test_native_kernels.py), and a table without gemm8 (NEON) skips it.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "kernels.h"
 #include "model.h"
@@ -47,6 +46,21 @@ void ml_pack_groups(const ml_matrix *w, int64_t g0, int64_t g1, uint8_t *q, void
                 if (d_f16) ((uint16_t *)d)[i] = ml_f32_to_f16(v);
                 else ((float *)d)[i] = v;
             }
+    }
+}
+
+/* Packed groups g0..g1-1 of w against nt tokens with table k's gemm8: rows 8g.. of out (ldo floats
+ * per token). forward.c's matmul, the matvec bench and the test hook all run this. */
+void ml_gemm8_groups(const ml_kernel_table *k, const ml_matrix *w, int64_t g0, int64_t g1, int nt,
+                     const int8_t *const *x, const float *const *xd, const int32_t *const *xs, float *out,
+                     size_t ldo) {
+    int nb = w->cols / QK;
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *pq = w->pq + (size_t)g * nb * block_bytes(w->fmt);
+        const void *pd = (const uint8_t *)w->pd + (size_t)g * nb * ML_PACK * (w->pd_f16 ? 2 : 4);
+        float *o = out + (size_t)g * ML_PACK;
+        if (w->fmt == ML_FMT_Q8_0) k->gemm8_q8_0(nb, pq, pd, w->pd_f16, nt, x, xd, xs, o, ldo);
+        else k->gemm8_q4_0(nb, pq, pd, w->pd_f16, nt, x, xd, xs, o, ldo);
     }
 }
 

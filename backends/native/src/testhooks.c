@@ -104,14 +104,8 @@ ML_API int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt,
             xsp[i] = xs + (size_t)i * nb;
             ml_block_sums(xp[i], nb, xs + (size_t)i * nb);
         }
-        size_t gbytes = (size_t)nb * (fmt == ML_FMT_Q8_0 ? ML_PACK_Q8 : ML_PACK_Q4);
-        for (int g = 0; g < rows / ML_PACK; g++) {
-            const uint8_t *q = pq + (size_t)g * gbytes;
-            const uint8_t *d = pd + (size_t)g * nb * ML_PACK * (wd_f16 ? 2 : 4);
-            float *o = out + (size_t)g * ML_PACK;
-            if (fmt == ML_FMT_Q8_0) t->gemm8_q8_0(nb, q, d, wd_f16, nt, xp, xdp, xsp, o, (size_t)rows);
-            else t->gemm8_q4_0(nb, q, d, wd_f16, nt, xp, xdp, xsp, o, (size_t)rows);
-        }
+        m.pq = pq, m.pd = pd, m.pd_f16 = wd_f16;
+        ml_gemm8_groups(t, &m, 0, rows / ML_PACK, nt, xp, xdp, xsp, out, (size_t)rows);
     }
     free(pq);
     free(pd);
