@@ -16,7 +16,9 @@ runnable on this machine is compared:
   rows packed by src/repack.c): every (token, row) bit-identical to the scalar twin's single-row
   dot of the row as stored, for token counts around each table's tile;
 - scores_f32 / wsum_f32 (attention's q.k and weighted sum of the values): bit-identical to the
-  scalar twin, and near float64, for key counts and head widths around the 8-wide steps.
+  scalar twin, and near float64, for key counts and head widths around the 8-wide steps;
+- softmax_f32 and its exp (ml_exp_le0, a polynomial): bit-identical to the scalar twin with
+  NaN and infinities among the scores, within 1 ulp of exp and near the float64 softmax.
 NEON is checked by cross-compiling tests/neon_main.c with the kernel sources (aarch64-linux-gnu-gcc
 -static) and running it under qemu-aarch64 with and without the dot-product extension; the pool
 (src/pool.c) by tests/pool_main.c, also under ThreadSanitizer.
@@ -528,12 +530,12 @@ def test_gemm8_equals_single_row_dots(kern, isa):
 
 
 def _attn(kern, isa, op, nk, hd, stride, a, kv):
-    out = np.zeros(nk if op == "scores_f32" else hd, np.float32)
+    out = np.zeros(max(nk if op != "wsum_f32" else hd, 1), np.float32)
     f, c = kern.ffi.from_buffer, kern.ffi.cast
     rc = kern.lib.mlrt_test_attn(isa.encode(), op.encode(), nk, hd, stride, c("const float *", f(a)),
                                  c("const float *", f(kv)), c("float *", f(out)))
     assert rc == ML_OK, f"mlrt_test_attn {isa} {op}: status {rc}"
-    return out
+    return out[: nk if op != "wsum_f32" else hd]
 
 
 def test_attention_kernels_equal_the_scalar_twin(kern, isa):
@@ -555,6 +557,43 @@ def test_attention_kernels_equal_the_scalar_twin(kern, isa):
                 tag = f"{isa} {op} nk={nk} hd={hd} stride={stride}"
                 assert got.tobytes() == want.tobytes(), tag
                 np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4 * (hd + nk), err_msg=tag)
+
+
+def test_exp_le0_is_within_one_ulp_of_exp(kern):
+    """ml_exp_le0 (the softmax's exp, one polynomial on every table) on a dense sweep of [-87, 0]
+    and the edges: within 1 ulp of the float64 exp; 0 below -87 and at -inf, 1 at +-0, NaN kept."""
+    rng = np.random.default_rng(23)
+    x = np.concatenate([np.linspace(-87, 0, 200_001, dtype=np.float32),
+                        -rng.exponential(3, 100_000).astype(np.float32),
+                        np.float32([-0.0, 0.0, -1e-30, -87.0, -86.99999, -87.00001, -1e4, -np.inf, np.nan])])
+    got = _attn(kern, "scalar", "exp", len(x), 0, 0, x, np.zeros(1, np.float32))
+    want = np.exp(x.astype(np.float64))
+    live = x >= -87
+    ulp = np.spacing(want[live].astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(got[live] - want[live]) / ulp) <= 1.0  # measured: 0.97
+    assert np.all(got[(x < -87) & ~np.isnan(x)] == 0)
+    assert np.isnan(got[np.isnan(x)]).all() and np.all(got[x == 0] == 1.0)
+
+
+def test_softmax_equals_the_scalar_twin(kern, isa):
+    """softmax_f32 (8 lanes on x86) gives the scalar twin's bits around the 8-wide steps and with
+    NaN, +-inf, -0 and huge scores (the max skips NaN on both), and stays near the float64 softmax."""
+    rng = np.random.default_rng(29)
+    for n in (0, 1, 7, 8, 9, 16, 23, 65, 512, 1031):
+        for scale, what in ((0.125, "normal"), (1.0, "wide"), (0.125, "special")):
+            x = (rng.standard_normal(n) * (30 if what == "wide" else 3)).astype(np.float32)
+            if what == "special" and n:
+                spots = rng.integers(0, n, 4)
+                x[spots] = np.float32([np.nan, -np.inf, -0.0, 3e38])[: len(spots)]
+            sc, buf = np.float32([scale]), np.concatenate([x, np.zeros(1, np.float32)])
+            got = _attn(kern, isa, "softmax_f32", n, 0, 0, buf, sc)
+            want = _attn(kern, "scalar", "softmax_f32", n, 0, 0, buf, sc)
+            tag = f"{isa} softmax n={n} {what}"
+            assert got.tobytes() == want.tobytes(), tag
+            if what != "special" and n:
+                z = x.astype(np.float64) * scale
+                e = np.exp(z - z.max())
+                np.testing.assert_allclose(got, e / e.sum(), rtol=2e-6, atol=1e-12, err_msg=tag)
 
 
 def test_gemm8_refuses_rows_not_in_groups(kern):

@@ -14,8 +14,9 @@
  * boundaries or the number of threads, so one token at a time equals a batch, and threads=1
  * equals threads=N, bit for bit. Against the NumPy reference the float operations are the same
  * and in the same order where it matters (norm sums in NumPy's pairwise order, RoPE tables in
- * double); what remains is the order of other float sums and the last bit of libm's expf and
- * tanhf against NumPy's, a tolerance (tests/test_native_forward.py).
+ * double); what remains is the order of other float sums, the softmax's polynomial exp
+ * (ml_exp_le0) and the last bit of libm's expf and tanhf against NumPy's, a tolerance
+ * (tests/test_native_forward.py).
  */
 #include <math.h>
 #include <stdint.h>
@@ -323,39 +324,44 @@ typedef struct {
     const layer_state *L;
     int n, pos, window;
     float scale, cap;
+    int64_t slices; /* attn_slices: at most n_heads (the rows of s->att) */
 } attn_job;
 
-/* heads h0..h1 of every token of the chunk: scores, softmax, weighted sum of the values */
-static void attn_heads(void *arg, int64_t h0, int64_t h1) {
-    const attn_job *j = arg;
+/* One query: token t's head h (scores, softmax, weighted sum of the values), att its scratch row. */
+static void attend(const attn_job *j, int64_t h, int t, float *att) {
     const struct ml_model *m = j->m;
     int hd = m->head_dim, qd = m->q_dim, kvd = m->kv_dim;
     int group = (int)(m->h.n_heads / m->h.n_kv_heads);
     const ml_kernel_table *k = ml_kernels();
-    for (int64_t h = h0; h < h1; h++) {
-        float *att = j->s->att + h * m->ctx;
-        const float *keys = j->L->k + (h / group) * hd, *vals = j->L->v + (h / group) * hd;
-        for (int t = 0; t < j->n; t++) {
-            int p = j->pos + t;
-            int start = j->window && p >= j->window ? p - j->window + 1 : 0; /* p - i < window */
-            const float *q = j->s->q + (size_t)t * qd + h * hd;
-            int nk = p - start + 1;
-            k->scores_f32(q, keys + (size_t)start * kvd, (size_t)kvd, nk, hd, att + start);
-            float max = -INFINITY;
-            for (int i = start; i <= p; i++) {
-                float score = att[i] * j->scale;
-                if (j->cap) score = softcap(score, j->cap);
-                att[i] = score;
-                if (score > max) max = score;
-            }
-            float sum = 0;
-            for (int i = start; i <= p; i++) {
-                att[i] = expf(att[i] - max);
-                sum += att[i];
-            }
-            for (int i = start; i <= p; i++) att[i] = att[i] / sum;
-            k->wsum_f32(att + start, vals + (size_t)start * kvd, (size_t)kvd, nk, hd,
-                        j->s->o + (size_t)t * qd + h * hd);
+    const float *keys = j->L->k + (h / group) * hd, *vals = j->L->v + (h / group) * hd;
+    int p = j->pos + t;
+    int start = j->window && p >= j->window ? p - j->window + 1 : 0; /* p - i < window */
+    int nk = p - start + 1;
+    k->scores_f32(j->s->q + (size_t)t * qd + h * hd, keys + (size_t)start * kvd, (size_t)kvd, nk, hd, att);
+    float scale = j->scale;
+    if (j->cap) { /* the scale, then the cap; the softmax's scale is then 1 (exact) */
+        for (int i = 0; i < nk; i++) att[i] = softcap(att[i] * scale, j->cap);
+        scale = 1.0f;
+    }
+    k->softmax_f32(att, nk, scale);
+    k->wsum_f32(att, vals + (size_t)start * kvd, (size_t)kvd, nk, hd, j->s->o + (size_t)t * qd + h * hd);
+}
+
+/* Slices s0..s1 of the chunk's queries. The queries are units (head h, pair i: tokens i and
+ * n - 1 - i, whose key counts add up to the same for every i), head-major; slice s is the s-th of
+ * j->slices contiguous runs of them, with att row s its scratch. So the threads get equal work
+ * (9 heads over 2 threads were 5 against 4), a head's keys stay in cache along a run, and no two
+ * slices share a row, whatever thread runs them. */
+static void attn_slices(void *arg, int64_t s0, int64_t s1) {
+    const attn_job *j = arg;
+    int64_t pairs = (j->n + 1) / 2, units = j->m->h.n_heads * pairs;
+    for (int64_t sl = s0; sl < s1; sl++) {
+        float *att = j->s->att + sl * j->m->ctx;
+        for (int64_t u = units * sl / j->slices; u < units * (sl + 1) / j->slices; u++) {
+            int64_t h = u / pairs;
+            int i = (int)(u % pairs);
+            attend(j, h, i, att);
+            if (j->n - 1 - i != i) attend(j, h, j->n - 1 - i, att);
         }
     }
 }
@@ -400,8 +406,9 @@ static void attention(struct ml_model *m, fstate *s, int l, int n, int pos) {
 
     int windowed = h->sliding_window && (!h->layer_flags || (W->flags & 1));
     attn_job job = {m, s, L, n, pos, windowed ? (int)h->sliding_window : 0,
-                    h->attn_scale ? h->attn_scale : (float)(1.0 / sqrt((double)hd)), h->attn_softcap};
-    run(m, nh, INT64_MAX, attn_heads, &job);
+                    h->attn_scale ? h->attn_scale : (float)(1.0 / sqrt((double)hd)), h->attn_softcap,
+                    m->threads < nh ? m->threads : nh};
+    run(m, job.slices, INT64_MAX, attn_slices, &job);
 
     if (h->attn_gate)
         for (size_t i = 0; i < (size_t)n * qd; i++) s->o[i] = s->o[i] * sigmoid(s->gate[i]);

@@ -223,6 +223,46 @@ void ml_wsum_f32_scalar(const float *a, const float *v, size_t stride, int nk, i
         for (int d = 0; d < hd; d++) o[d] += a[i] * v[(size_t)i * stride + d];
 }
 
+/* exp(x) for x <= 0 (softmax_f32's, kernels.h): n = rint(x log2 e), r = (x - n C1) - n C2 with
+ * C1 + C2 = ln 2 (C1 short, so n C1 is exact: Cody-Waite), Cephes' degree-6 polynomial for e^r
+ * in Horner order, then y 2^n; 0 below -87 (2^n would leave the normal range), NaN for NaN. Every
+ * operation rounded on its own, so the x86 tables' eight lanes give these bits. */
+float ml_exp_le0(float x) {
+    if (x != x) return x;
+    if (x < -87.0f) return 0.0f;
+    float n = rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * (r * r);
+    y = y + r;
+    y = y + 1.0f;
+    union { uint32_t u; float f; } two_n = {.u = (uint32_t)((int32_t)n + 127) << 23};
+    return y * two_n.f;
+}
+
+void ml_softmax_f32_scalar(float *x, int n, float scale) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        x[i] = x[i] * scale;
+        if (x[i] > m) m = x[i];
+    }
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int n8 = n - n % 8;
+    for (int i = 0; i < n; i++) {
+        x[i] = ml_exp_le0(x[i] - m);
+        if (i < n8) s[i % 8] += x[i];
+    }
+    float sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (int i = n8; i < n; i++) sum += x[i];
+    for (int i = 0; i < n; i++) x[i] = x[i] / sum;
+}
+
 const float ml_q4_0_candidates[13] = {-6.0f, -6.2f, -6.4f, -6.6f, -6.8f, -7.0f, -7.2f,
                                      -7.4f, -7.6f, -7.8f, -8.0f, -8.2f, -8.4f};
 
@@ -271,5 +311,6 @@ const ml_kernel_table ml_kernels_scalar = {
     .gemm8_q4_0 = gemm8_q4_0,
     .scores_f32 = ml_scores_f32_scalar,
     .wsum_f32 = ml_wsum_f32_scalar,
+    .softmax_f32 = ml_softmax_f32_scalar,
     .q4_0_search = ml_q4_0_search_scalar,
 };

@@ -543,6 +543,62 @@ static void wsum_f32(const float *a, const float *v, size_t stride, int nk, int 
     }
 }
 
+/* kernels.h softmax_f32: ml_exp_le0's operations on 8 lanes (the same constants and order, rint
+ * as round-to-nearest-even, 2^n from the exponent bits), the running sums of 8 lanes, the tail
+ * through the twin's scalar exp. The largest value: _mm256_max_ps(v, m) returns m when v is NaN,
+ * as the twin's `if (v > m)` skips it, and the lanes' maxima combine exactly. */
+static __m256 exp_le0_8(__m256 x) {
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_mul_ps(p, _mm256_mul_ps(r, r));
+    y = _mm256_add_ps(_mm256_add_ps(y, r), _mm256_set1_ps(1.0f));
+    /* lanes below -87 (n below -126) and NaN lanes get garbage exponents here: masked below */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    y = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), y);
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static void softmax_f32(float *x, int n, float scale) {
+    int n8 = n - n % 8, i = 0;
+    __m256 sv = _mm256_set1_ps(scale), mv = _mm256_set1_ps(-INFINITY);
+    for (; i < n8; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+        _mm256_storeu_ps(x + i, v);
+        mv = _mm256_max_ps(v, mv);
+    }
+    float lanes[8], m = -INFINITY;
+    _mm256_storeu_ps(lanes, mv);
+    for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
+    for (; i < n; i++) {
+        x[i] = x[i] * scale;
+        if (x[i] > m) m = x[i];
+    }
+    __m256 mm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    for (i = 0; i < n8; i += 8) {
+        __m256 e = exp_le0_8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mm));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    _mm256_storeu_ps(lanes, acc);
+    float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (; i < n; i++) {
+        x[i] = ml_exp_le0(x[i] - m);
+        sum += x[i];
+    }
+    __m256 tv = _mm256_set1_ps(sum);
+    for (i = 0; i < n8; i += 8) _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), tv));
+    for (; i < n; i++) x[i] = x[i] / sum;
+}
+
 /* The Q4_0 search on 8 blocks at once, block b in lane b, the scalar twin's operations in its
  * order (mul, add, div, round-to-nearest-even, min/max; no FMA). The leftover blocks go to it. */
 static void q4_0_search(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
@@ -602,4 +658,4 @@ static void q4_0_search(int nb, const float *xs, const float *w, const float *xm
     {.name = isa, .quantize_q8_0 = quantize_q8_0, .isums_q8_0 = isums_q8_0, .isums_q4_0 = isums_q4_0, \
      .dot_q8_0 = dot_q8_0, .dot_q4_0 = dot_q4_0, .dot4_q8_0 = dot4_q8_0, .dot4_q4_0 = dot4_q4_0,      \
      .gemm8_q8_0 = gemm8_q8_0, .gemm8_q4_0 = gemm8_q4_0, .scores_f32 = scores_f32, .wsum_f32 = wsum_f32,  \
-     .q4_0_search = q4_0_search}
+     .softmax_f32 = softmax_f32, .q4_0_search = q4_0_search}

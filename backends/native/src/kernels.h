@@ -48,6 +48,11 @@ typedef struct {
      * stride, added in key order from 0 (each product rounded, then added). */
     void (*scores_f32)(const float *q, const float *k, size_t stride, int nk, int hd, float *out);
     void (*wsum_f32)(const float *a, const float *v, size_t stride, int nk, int hd, float *o);
+    /* softmax_f32: x[i] = e_i / sum with x[i] scaled (x[i] * scale), m the largest non-NaN x[i]
+     * (-inf if none), e_i = ml_exp_le0(x[i] - m); sum: 8 running sums s_j over i = j (mod 8) for
+     * i < n - n % 8, then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then the last n % 8
+     * in order; each e_i / sum rounded on its own. */
+    void (*softmax_f32)(float *x, int n, float scale);
     /* The Q4_0 search of nb prepared blocks (q4_0.c): xs, w (nb * 32, block-major) the values
      * and their weights, xmax[b] the value that maps to each candidate level. For each of the 13
      * candidates c (specs/quant.yaml, in order), per block, in float32: iscale = c / xmax,
@@ -79,9 +84,12 @@ extern const float ml_q4_0_candidates[13];
 void ml_q4_0_search_scalar(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
                            int8_t *l);
 
-/* The scalar twins of scores_f32 and wsum_f32, which the NEON tables use as they are. */
+/* The scalar twins of scores_f32, wsum_f32 and softmax_f32, which the NEON tables use as they are. */
 void ml_scores_f32_scalar(const float *q, const float *k, size_t stride, int nk, int hd, float *out);
 void ml_wsum_f32_scalar(const float *a, const float *v, size_t stride, int nk, int hd, float *o);
+void ml_softmax_f32_scalar(float *x, int n, float scale);
+/* exp(x) for x <= 0 or NaN, a polynomial every table computes the same way (kern_scalar.c). */
+float ml_exp_le0(float x);
 
 const ml_kernel_table *ml_kernels(void);            /* the table in use */
 const ml_kernel_table *ml_kernels_named(const char *name); /* NULL if not built or not runnable */

@@ -115,7 +115,9 @@ ML_API int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt,
 
 /* int mlrt_test_attn(isa, op, nk, hd, stride, a, kv, out): attention's float kernels:
  *   "scores_f32": a = q[hd], kv = nk keys every stride floats; out = float[nk];
- *   "wsum_f32":   a = weights[nk], kv = nk values every stride floats; out = float[hd].
+ *   "wsum_f32":   a = weights[nk], kv = nk values every stride floats; out = float[hd];
+ *   "softmax_f32": a = scores[nk], kv = the scale (one float); out = float[nk] (hd, stride unused);
+ *   "exp":        a = x[nk]; out = ml_exp_le0 of each (isa, kv, hd, stride unused).
  * Returns ML_OK, ML_E_ARG or ML_E_UNSUPPORTED. */
 ML_API int mlrt_test_attn(const char *isa, const char *op, int nk, int hd, size_t stride, const float *a,
                           const float *kv, float *out);
@@ -127,6 +129,11 @@ ML_API int mlrt_test_attn(const char *isa, const char *op, int nk, int hd, size_
     if (t == NULL) return ML_E_UNSUPPORTED;
     if (strcmp(op, "scores_f32") == 0) t->scores_f32(a, kv, stride, nk, hd, out);
     else if (strcmp(op, "wsum_f32") == 0) t->wsum_f32(a, kv, stride, nk, hd, out);
+    else if (strcmp(op, "softmax_f32") == 0) {
+        memcpy(out, a, (size_t)nk * sizeof *out);
+        t->softmax_f32(out, nk, kv[0]);
+    } else if (strcmp(op, "exp") == 0)
+        for (int i = 0; i < nk; i++) out[i] = ml_exp_le0(a[i]);
     else return ML_E_ARG;
     return ML_OK;
 }
