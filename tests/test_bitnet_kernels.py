@@ -7,6 +7,7 @@ one ISA, so every table runnable here (scalar, avx2 on x86-64) is compared with 
 - quantize_act: int8 bytes, scale bits and sum equal quantize_activations (round half away from
   zero) on seeded rows of several kinds: exact .5 ties after scaling and their neighbours, t at
   +-127, all-zero rows, huge, tiny and subnormal magnitudes, random bit patterns, any length;
+- dot_rows2x8 (two weight rows, eight activation rows: the prefill tile, where the table has it);
 - dot, dot4 (one weight row, four activation rows), dot_rows4 (four weight rows, one activation
   row): the exact int32 sums of int_dot on the 2-bit codes, for any bytes (code 3 too) and any
   int8 (-128 too), lengths 128..4096;
@@ -312,6 +313,21 @@ def test_dots_match_reference(lib, isa, seed):
         want_rows = ref_int(w, 4, n, x[1])
         np.testing.assert_array_equal(lib.dot(isa, "dot_rows4", n, w, x[1]), want_rows,
                                       err_msg=f"{isa} dot_rows4 n {n}")
+
+
+def test_prefill_tile_matches_reference(lib, isa):
+    """dot_rows2x8 (two weight rows x eight tokens, the prefill tile) gives the exact sums of
+    every (row, token), on the inputs of the other dots; a table without it says unsupported."""
+    for seed in (5, 6):
+        for n, w, x in dot_inputs(seed):
+            x8 = np.concatenate([x, x[::-1] ^ np.int8(0x55)])  # eight distinct rows
+            rc, out = lib.kernel(isa, "dot_rows2x8", n, w[: n // 2], x8, out_bytes=64)
+            if rc == ML_E_UNSUPPORTED:
+                assert isa in ("avx2", "neon"), f"{isa} has no dot_rows2x8"
+                return
+            assert rc == ML_OK
+            want = np.array([ref_int(w[r * n // 4:], 1, n, x8[t])[0] for r in range(2) for t in range(8)])
+            np.testing.assert_array_equal(out.view(np.int32)[:16], want, err_msg=f"{isa} dot_rows2x8 n {n}")
 
 
 def _float_dot(w: np.ndarray, x: np.ndarray) -> np.float32:

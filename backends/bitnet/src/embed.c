@@ -47,7 +47,7 @@
 #define LIMIT_HEADS 4096
 #define LIMIT_LAYERS 4096
 #define LIMIT_VOCAB (1 << 24)
-#define TOKEN_CHUNK 8         /* tokens per pass over a range of weight rows (a multiple of 4): 8 rows of int8
+#define TOKEN_CHUNK 8         /* tokens per pass over a range of weight rows (dot_rows2x8's 8): 8 rows of int8
                                * activations (8 x 3072 bytes at most here) stay in L1 while the weight rows
                                * stream past; 64 went to L2 and was 9% slower on the 0.6B bench */
 #define ATT_BLOCK 4           /* queries that attend together (each key and value row read once for them);
@@ -631,7 +631,8 @@ typedef struct {
 } lin_job;
 
 /* Rows [r0, r1) of y, tokens in chunks of TOKEN_CHUNK (their int8 rows stay in cache while the
- * weight rows stream past), four tokens per kernel call; the integer dots of ROW_TILE rows are
+ * weight rows stream past): a whole chunk two rows x eight tokens per kernel call (dot_rows2x8),
+ * else four tokens per call (dot4), then one; the integer dots of ROW_TILE rows are
  * gathered per token, then the table's epilogue runs along them (y's rows are per token). */
 static void lin_rows(void *arg, int64_t r0, int64_t r1) {
     const lin_job *j = arg;
@@ -646,7 +647,16 @@ static void lin_rows(void *arg, int64_t r0, int64_t r1) {
         int t1 = j->n - t0 > TOKEN_CHUNK ? t0 + TOKEN_CHUNK : j->n;
         for (int64_t rt = r0; rt < r1; rt += ROW_TILE) {
             int nr = r1 - rt < ROW_TILE ? (int)(r1 - rt) : ROW_TILE;
-            for (int i = 0; i < nr; i++) {
+            int i = 0;
+            if (k->dot_rows2x8 && t1 - t0 == 8) /* a whole chunk: two rows x eight tokens a call */
+                for (; i + 2 <= nr; i += 2) {
+                    const int8_t *x[8];
+                    for (int u = 0; u < 8; u++) x[u] = q8 + (size_t)(t0 + u) * cols;
+                    int32_t o[16];
+                    k->dot_rows2x8(p->cols, p->packed + (size_t)(rt + i) * rb, x, o);
+                    for (int u = 0; u < 8; u++) acc[u][i] = o[u], acc[u][i + 1] = o[8 + u];
+                }
+            for (; i < nr; i++) {
                 const uint8_t *w = p->packed + (size_t)(rt + i) * rb;
                 int t = t0;
                 for (; t + 4 <= t1; t += 4) {

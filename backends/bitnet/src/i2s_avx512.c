@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include "i2s_kernels.h"
+#include "i2s_x86_hsum.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -55,6 +56,37 @@ static void dot4(int n, const uint8_t *w, const int8_t *const x[4], int32_t out[
     out[2] = _mm512_reduce_add_epi32(a2), out[3] = _mm512_reduce_add_epi32(a3);
 }
 
+/* The low and high 256-bit halves of a added: 8 lanes whose total is a's (for hsum8x4) */
+ALWAYS_INLINE __m256i half_sum(__m512i a) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+}
+
+/* Two consecutive weight rows, eight activation rows (the prefill tile): each block of the two
+ * rows unpacked once for the eight tokens and each activation vector loaded once for the two
+ * rows; 16 accumulators. Measured on the 0.6B shape's 128-token embedding (AMD EPYC, 1 thread):
+ * 1.18x dot4 with one row x 8 tokens, 1.15x more with two rows. */
+static void dot_rows2x8(int n, const uint8_t *w, const int8_t *const x[8], int32_t out[16]) {
+    const size_t rs = (size_t)(n / 4);
+    __m512i a[8], c[8];
+    for (int t = 0; t < 8; t++) a[t] = c[t] = _mm512_setzero_si512();
+    for (int b = 0; b < n / I2S_BLOCK; b++) {
+        __m512i lo, hi, lo2, hi2;
+        unpack(w + (size_t)b * I2S_BLOCK_BYTES, &lo, &hi);
+        unpack(w + rs + (size_t)b * I2S_BLOCK_BYTES, &lo2, &hi2);
+        const size_t o = (size_t)b * I2S_BLOCK;
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            __m512i xl = _mm512_loadu_si512(x[t] + o), xh = _mm512_loadu_si512(x[t] + o + 64);
+            a[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[t], lo, xl), hi, xh);
+            c[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c[t], lo2, xl), hi2, xh);
+        }
+    }
+    _mm_storeu_si128((__m128i *)out, hsum8x4(half_sum(a[0]), half_sum(a[1]), half_sum(a[2]), half_sum(a[3])));
+    _mm_storeu_si128((__m128i *)(out + 4), hsum8x4(half_sum(a[4]), half_sum(a[5]), half_sum(a[6]), half_sum(a[7])));
+    _mm_storeu_si128((__m128i *)(out + 8), hsum8x4(half_sum(c[0]), half_sum(c[1]), half_sum(c[2]), half_sum(c[3])));
+    _mm_storeu_si128((__m128i *)(out + 12), hsum8x4(half_sum(c[4]), half_sum(c[5]), half_sum(c[6]), half_sum(c[7])));
+}
+
 static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) {
     const size_t rs = (size_t)(n / 4);
     __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
@@ -76,5 +108,6 @@ const i2s_kernel_table i2s_kernels_avx512 = {
     .dot = dot,
     .dot4 = dot4,
     .dot_rows4 = dot_rows4,
+    .dot_rows2x8 = dot_rows2x8,
     I2S_AVX2_FLOAT_OPS,
 };

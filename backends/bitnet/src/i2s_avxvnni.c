@@ -62,6 +62,25 @@ static void dot4(int n, const uint8_t *w, const int8_t *const x[4], int32_t out[
     _mm_storeu_si128((__m128i *)out, hsum8x4(a0, a1, a2, a3));
 }
 
+/* Two consecutive weight rows, eight activation rows (the prefill tile), one row at a time:
+ * eight accumulators and a block's four code vectors fill twelve of the 16 YMM registers. */
+static void dot_rows2x8(int n, const uint8_t *w, const int8_t *const x[8], int32_t out[16]) {
+    const size_t rs = (size_t)(n / 4);
+    for (int r = 0; r < 2; r++) {
+        __m256i a[8];
+        for (int t = 0; t < 8; t++) a[t] = _mm256_setzero_si256();
+        for (int b = 0; b < n / I2S_BLOCK; b++) {
+            __m256i c[4];
+            unpack(w + (size_t)r * rs + (size_t)b * I2S_BLOCK_BYTES, c);
+            const size_t o = (size_t)b * I2S_BLOCK;
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) a[t] = block_dot(a[t], c, x[t] + o);
+        }
+        _mm_storeu_si128((__m128i *)(out + 8 * r), hsum8x4(a[0], a[1], a[2], a[3]));
+        _mm_storeu_si128((__m128i *)(out + 8 * r + 4), hsum8x4(a[4], a[5], a[6], a[7]));
+    }
+}
+
 /* Four consecutive weight rows, one activation row (the matvec path), the next four rows
  * prefetched as in the AVX2 table. */
 static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) {
@@ -85,5 +104,6 @@ const i2s_kernel_table i2s_kernels_avxvnni = {
     .dot = dot,
     .dot4 = dot4,
     .dot_rows4 = dot_rows4,
+    .dot_rows2x8 = dot_rows2x8,
     I2S_AVX2_FLOAT_OPS,
 };

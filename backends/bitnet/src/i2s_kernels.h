@@ -7,9 +7,9 @@
  * global state. NEON is tested under qemu-aarch64 through backends/bitnet/tests/i2s_main.c.
  *
  * Which dot to call: one token against many weight rows (decode, matvec) is fastest with
- * dot_rows4 (four consecutive rows per call; the payload's rows are consecutive); four or more
- * tokens (prefill) with dot4 (the weight block is unpacked once for four tokens); dot for the
- * leftovers.
+ * dot_rows4 (four consecutive rows per call; the payload's rows are consecutive); eight tokens
+ * (prefill) with dot_rows2x8 where the table has it, four with dot4 (the weight block is
+ * unpacked once for the four); dot for the leftovers.
  *
  * Packed rows (spec `layout`): a row of n values (n % 128 == 0) is n / 4 bytes; byte j of block b
  * holds the 2-bit codes (q + 1) of elements 128b + j, +32, +64, +96 at bits 7..6, 5..4, 3..2, 1..0.
@@ -38,6 +38,11 @@ typedef struct {
      * activation row: out[t] = dot(n, w + t * (n / 4), x). The matvec path: each activation
      * block is loaded once for the four rows. */
     void (*dot_rows4)(int n, const uint8_t *w, const int8_t *x, int32_t out[4]);
+    /* Two consecutive packed rows against eight activation rows (the prefill tile): out[8r + t] =
+     * dot(n, w + r * (n / 4), x[t]). Each block is unpacked once for eight tokens and each
+     * activation vector loaded once for two rows. NULL in a table without one (AVX2, NEON):
+     * the prefill then runs dot4. */
+    void (*dot_rows2x8)(int n, const uint8_t *w, const int8_t *const x[8], int32_t out[16]);
     /* Float dots of the float reading (F16 / F32 weights) and of attention: sum_k w[k] * x[k]
      * over n >= 0 values in one fixed order on every ISA: element k goes to running sum k % 8
      * (product rounded, then added: no FMA), and the eight sums combine as ((s0 + s1) + (s2 + s3))

@@ -59,6 +59,11 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
     for (int t = 0; t < 4; t++) out[t] = dot(n, w + (size_t)t * (size_t)(n / 4), x);
 }
 
+static void dot_rows2x8(int n, const uint8_t *w, const int8_t *const x[8], int32_t out[16]) {
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 8; t++) out[8 * r + t] = dot(n, w + (size_t)r * (size_t)(n / 4), x[t]);
+}
+
 static float dot_f16(int n, const uint16_t *w, const float *x) {
     float s[8] = {0};
     return i2s_f16_dot_end(0, n, w, x, s);
@@ -96,6 +101,7 @@ const i2s_kernel_table i2s_kernels_scalar = {
     .dot = dot,
     .dot4 = dot4,
     .dot_rows4 = dot_rows4,
+    .dot_rows2x8 = dot_rows2x8,
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
     .dot_f32x4 = i2s_scalar_dot_f32x4,

@@ -8,6 +8,8 @@
  *   "dot":          a = packed row (n / 4 bytes), b = int8 x[n]; out = int32;
  *   "dot4":         a = packed row, b = four int8 rows x[4][n]; out = int32[4];
  *   "dot_rows4":    a = four packed rows (4 * n / 4 bytes), b = int8 x[n]; out = int32[4];
+ *   "dot_rows2x8":  a = two packed rows, b = eight int8 rows x[8][n]; out = int32[16]
+ *                   (ML_E_UNSUPPORTED if the table has none);
  *   "dot_f16":      a = f16 bits w[n], b = float x[n]; out = float;
  *   "dot_f32":      a = float w[n], b = float x[n]; out = float.
  *   "dot_f32x4":    a = float w[n], b = float x[4][n]; out = float[4];
@@ -17,7 +19,7 @@
  *                   y[4][n] after;
  *   "silu_mul", "gelu_mul": a = float g[n], b = float u[n]; out = float act(g) * u [n];
  *   "exp":          a = float x[n]; out = float i2s_exp(x) [n] (the header's formula, no table).
- * out holds at least 16 bytes. The integer dots need n a positive multiple of 128, the others n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
+ * out holds at least 16 bytes (64 for dot_rows2x8). The integer dots need n a positive multiple of 128, the others n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
  * op) or ML_E_UNSUPPORTED (ISA not built or not runnable on this CPU). The ISA in use (ml_isa) is
  * not changed.
  */
@@ -84,6 +86,15 @@ ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const vo
         return ML_OK;
     }
     if (n % I2S_BLOCK) return ML_E_ARG;
+    if (strcmp(op, "dot_rows2x8") == 0) {
+        if (t->dot_rows2x8 == NULL) return ML_E_UNSUPPORTED;
+        const int8_t *x = b, *xs[8];
+        for (int i = 0; i < 8; i++) xs[i] = x + (size_t)i * (size_t)n;
+        int32_t r16[16];
+        t->dot_rows2x8(n, a, xs, r16);
+        memcpy(out, r16, sizeof r16);
+        return ML_OK;
+    }
     int32_t r[4];
     if (strcmp(op, "dot") == 0) {
         r[0] = t->dot(n, a, b);
