@@ -15,7 +15,8 @@ one ISA, so every table runnable here (scalar, avx2 on x86-64) is compared with 
   +-0.5 / 1.5 ties of w * s, a tensor whose float mean depends on the float64 summation order,
   which NumPy does pairwise); ml_i2s_quantize_act / ml_i2s_matmul: bit-identical to
   quantize_activations / bitlinear, under every ISA (ml_set_isa); the refusals of mlrt.h;
-- the prefill's element-wise kernels (epilogue, axpy, axpy4, act_mul) and attention's dot_f32x4:
+- the prefill's element-wise kernels (epilogue, axpy, axpy4, act_mul) and attention's dot_f32x4
+  (a run of keys against four queries):
   the header's formulas bit for bit on every ISA, and the activations' exp / SiLU / GELU against
   float64.
 NEON: backends/bitnet/tests/i2s_main.c cross-compiled for aarch64 (-static) runs the neon and
@@ -361,6 +362,12 @@ def test_float_dots_follow_the_table_order(lib, isa, seed):
         xs = np.stack([x, -x[::-1], wf * F32(0.5), x * wf]).astype(F32)     # one key row, four queries
         want4 = np.array([_float_dot(wf, r) for r in xs], F32)
         _same_bits(_kernel_f32(lib, isa, "dot_f32x4", wf, xs, count=4), want4, f"{isa} dot_f32x4 n {n}")
+        for nk in (2, 3, 5):  # a run of keys (two at a time on x86, then the odd one)
+            keys = np.stack([wf * F32(1 + t) if t % 2 else wf[::-1] for t in range(nk)]).astype(F32)
+            b = np.concatenate([np.int32([nk]).view(F32), xs.ravel()])
+            want = np.array([[_float_dot(keys[t], xs[i]) for t in range(nk)] for i in range(4)], F32)
+            _same_bits(_kernel_f32(lib, isa, "dot_f32x4_keys", keys.ravel(), b, count=4 * nk, n=n),
+                       want.ravel(), f"{isa} dot_f32x4 n {n} {nk} keys")
 
 
 # ---------------------------------------------------------------- element-wise kernels

@@ -787,15 +787,12 @@ static void attend(const attn_job *j, int64_t h, int i0, int m, float *sc) {
     }
     /* q . k: the table's dot_f32 order on every ISA; keys of the block's union, masked after */
     int t_lo = lo[0], t_hi = i0 + m - 1;
-    for (int t = t_lo; t <= t_hi; t++) {
-        const float *kt = head_row(j, s->kh, h, t);
-        float d[ATT_BLOCK];
-        if (m == ATT_BLOCK)
-            k->dot_f32x4(hd, kt, q, d);
-        else
-            d[0] = k->dot_f32(hd, kt, q[0]);
-        for (int u = 0; u < m; u++) sc[(size_t)u * n + t] = d[u] * e->attn_scale;
-    }
+    if (m == ATT_BLOCK)
+        k->dot_f32x4(hd, t_hi - t_lo + 1, head_row(j, s->kh, h, t_lo), q, sc + t_lo, (size_t)n);
+    else
+        for (int t = t_lo; t <= t_hi; t++) sc[t] = k->dot_f32(hd, head_row(j, s->kh, h, t), q[0]);
+    for (int u = 0; u < m; u++)
+        for (int t = t_lo; t <= t_hi; t++) sc[(size_t)u * n + t] = sc[(size_t)u * n + t] * e->attn_scale;
     for (int u = 0; u < m; u++) {
         float *r = sc + (size_t)u * n, mx = -INFINITY;
         int a = lo[u], b = i0 + u;

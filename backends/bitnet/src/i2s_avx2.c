@@ -220,9 +220,8 @@ float i2s_avx2_dot_f32(int n, const float *w, const float *x) {
     return i2s_f32_dot_end(k, n, w, x, s);
 }
 
-/* Four named accumulators: gcc -O2 keeps an array of them in memory, and every add then waits
- * for a store to forward (that was half of a 512-token Qwen3 embedding's attention). */
-void i2s_avx2_dot_f32x4(int n, const float *w, const float *const x[4], float out[4]) {
+/* One key, four queries, the leftover elements (n % 8) into their running sums by the twin's end. */
+static void dot_f32x4_key(int n, const float *w, const float *const x[4], float *out, size_t os) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
     int k = 0;
@@ -238,7 +237,39 @@ void i2s_avx2_dot_f32x4(int n, const float *w, const float *const x[4], float ou
     _mm256_storeu_ps(s[1], a1);
     _mm256_storeu_ps(s[2], a2);
     _mm256_storeu_ps(s[3], a3);
-    for (int i = 0; i < 4; i++) out[i] = i2s_f32_dot_end(k, n, w, x[i], s[i]);
+    for (int i = 0; i < 4; i++) out[(size_t)i * os] = i2s_f32_dot_end(k, n, w, x[i], s[i]);
+}
+
+/* Two keys against four queries at a time in eight named accumulators (gcc -O2 keeps an array
+ * of them in memory, and every add then waits for a store to forward; with one key, four add
+ * chains waited on each other's latency). Running sum j is lane j, so two hadd levels and the
+ * halves' sum give ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) for all eight dots at once:
+ * the twin's order. A width that is not a multiple of 8 goes key by key. */
+void i2s_avx2_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os) {
+    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    int t = 0;
+    for (; n % 8 == 0 && t + 2 <= nk; t += 2) {
+        const float *w0 = w + (size_t)t * (size_t)n, *w1 = w0 + n;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (int k = 0; k < n; k += 8) {
+            const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
+            __m256 q = _mm256_loadu_ps(x0 + k);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(v0, q)), b0 = _mm256_add_ps(b0, _mm256_mul_ps(v1, q));
+            q = _mm256_loadu_ps(x1 + k);
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(v0, q)), b1 = _mm256_add_ps(b1, _mm256_mul_ps(v1, q));
+            q = _mm256_loadu_ps(x2 + k);
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(v0, q)), b2 = _mm256_add_ps(b2, _mm256_mul_ps(v1, q));
+            q = _mm256_loadu_ps(x3 + k);
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(v0, q)), b3 = _mm256_add_ps(b3, _mm256_mul_ps(v1, q));
+        }
+        /* lanes 0..3: key t against queries 0..3; lanes 4..7: key t + 1 */
+        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+        float r[8];
+        _mm256_storeu_ps(r, _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31)));
+        for (int i = 0; i < 4; i++) out[(size_t)i * os + (size_t)t] = r[i], out[(size_t)i * os + (size_t)t + 1] = r[4 + i];
+    }
+    for (; t < nk; t++) dot_f32x4_key(n, w + (size_t)t * (size_t)n, x, out + t, os);
 }
 
 /* The element-wise kernels: the header's one-element formulas eight lanes at a time, each step

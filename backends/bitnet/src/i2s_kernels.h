@@ -49,9 +49,9 @@ typedef struct {
      * + ((s4 + s5) + (s6 + s7)). dot_f16 widens the f16 weights exactly first. */
     float (*dot_f16)(int n, const uint16_t *w, const float *x);
     float (*dot_f32)(int n, const float *w, const float *x);
-    /* out[i] = dot_f32(n, w, x[i]) for four rows x[i], bit for bit (attention: one key row against
-     * four queries, the key read once). */
-    void (*dot_f32x4)(int n, const float *w, const float *const x[4], float out[4]);
+    /* out[i * os + t] = dot_f32(n, w + t * n, x[i]) for nk consecutive rows w_t (a run of keys) and
+     * four rows x[i] (queries), bit for bit: each key read once for the four queries. */
+    void (*dot_f32x4)(int n, int nk, const float *w, const float *const x[4], float *out, size_t os);
     /* Element-wise float kernels (the prefill's row loops), each element computed by the one
      * formula below (i2s_epilogue, i2s_axpy1, i2s_act1), so every table gives the same bits:
      * y[k] = i2s_epilogue(sumi[k], act_sum, a, d): one token's epilogue over n weight rows; */
@@ -77,7 +77,7 @@ extern const i2s_kernel_table i2s_kernels_avx512;  /* + AVX-512 F/BW/VNNI: the i
 float i2s_avx2_quantize_act(const float *x, int n, int8_t *q, int32_t *sum);
 float i2s_avx2_dot_f16(int n, const uint16_t *w, const float *x);
 float i2s_avx2_dot_f32(int n, const float *w, const float *x);
-void i2s_avx2_dot_f32x4(int n, const float *w, const float *const x[4], float out[4]);
+void i2s_avx2_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os);
 void i2s_avx2_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
 void i2s_avx2_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
 void i2s_avx2_axpy(int n, float p, const float *x, float *y);
@@ -92,7 +92,7 @@ void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u);
 void i2s_scalar_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
 void i2s_scalar_axpy(int n, float p, const float *x, float *y);
 void i2s_scalar_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
-void i2s_scalar_dot_f32x4(int n, const float *w, const float *const x[4], float out[4]);
+void i2s_scalar_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os);
 void i2s_scalar_act_mul(int gelu, int n, float *g, const float *u);
 #if defined(__aarch64__)
 extern const i2s_kernel_table i2s_kernels_neon;

@@ -151,8 +151,9 @@ static float dot_f32(int n, const float *w, const float *x) {
     return i2s_f32_dot_end(k, n, w, x, s);
 }
 
-static void dot_f32x4(int n, const float *w, const float *const x[4], float out[4]) {
-    for (int i = 0; i < 4; i++) out[i] = dot_f32(n, w, x[i]);
+static void dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os) {
+    for (int t = 0; t < nk; t++)
+        for (int i = 0; i < 4; i++) out[(size_t)i * os + (size_t)t] = dot_f32(n, w + (size_t)t * (size_t)n, x[i]);
 }
 
 const i2s_kernel_table i2s_kernels_neon = {

@@ -87,8 +87,9 @@ void i2s_scalar_axpy4(int n, int nt, const float *p, size_t ps, const float *x, 
         for (int i = 0; i < 4; i++) i2s_scalar_axpy(n, p[(size_t)i * ps + (size_t)t], x + (size_t)t * (size_t)n, y[i]);
 }
 
-void i2s_scalar_dot_f32x4(int n, const float *w, const float *const x[4], float out[4]) {
-    for (int i = 0; i < 4; i++) out[i] = dot_f32(n, w, x[i]);
+void i2s_scalar_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os) {
+    for (int t = 0; t < nk; t++)
+        for (int i = 0; i < 4; i++) out[(size_t)i * os + (size_t)t] = dot_f32(n, w + (size_t)t * (size_t)n, x[i]);
 }
 
 void i2s_scalar_act_mul(int gelu, int n, float *g, const float *u) {

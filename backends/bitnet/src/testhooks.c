@@ -13,6 +13,7 @@
  *   "dot_f16":      a = f16 bits w[n], b = float x[n]; out = float;
  *   "dot_f32":      a = float w[n], b = float x[n]; out = float.
  *   "dot_f32x4":    a = float w[n], b = float x[4][n]; out = float[4];
+ *   "dot_f32x4_keys": a = float w[nk][n], b = {int32 nk, float x[4][n]}; out = float[4][nk];
  *   "epilogue":     a = int32 sumi[n], b = {int32 act_sum, float a, float d}; out = float y[n];
  *   "axpy":         a = float x[n], b = {float p, float y[n]}; out = float y[n] after y += p x;
  *   "axpy4":        a = float x[nt][n], b = {int32 nt, float p[4][nt], float y[4][n]}; out = float
@@ -67,7 +68,15 @@ ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const vo
     }
     if (strcmp(op, "dot_f32x4") == 0) {
         const float *x = b, *xs[4] = {x, x + n, x + 2 * (size_t)n, x + 3 * (size_t)n};
-        t->dot_f32x4(n, a, xs, out);
+        t->dot_f32x4(n, 1, a, xs, out, 1);
+        return ML_OK;
+    }
+    if (strcmp(op, "dot_f32x4_keys") == 0) {
+        int32_t nk;
+        memcpy(&nk, b, sizeof nk);
+        if (nk < 0) return ML_E_ARG;
+        const float *x = (const float *)b + 1, *xs[4] = {x, x + n, x + 2 * (size_t)n, x + 3 * (size_t)n};
+        t->dot_f32x4(n, nk, a, xs, out, (size_t)nk);
         return ML_OK;
     }
     if (strcmp(op, "axpy4") == 0) {

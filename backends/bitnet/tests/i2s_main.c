@@ -148,8 +148,8 @@ static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
             for (int k = 0; k < n; k++) q4[0][k] = wf[n - 1 - k], q4[1][k] = -x[k], q4[2][k] = x[k] * 0.5f;
             const float *xq[4] = {x, q4[0], q4[1], q4[2]};
             float o0[4], o1[4];
-            s->dot_f32x4(n, wf, xq, o0);
-            t->dot_f32x4(n, wf, xq, o1);
+            s->dot_f32x4(n, 1, wf, xq, o0, 1);
+            t->dot_f32x4(n, 1, wf, xq, o1, 1);
             for (int u = 0; u < 4; u++) {
                 float want = s->dot_f32(n, wf, xq[u]);
                 (*checks)++;
