@@ -15,7 +15,7 @@ one ISA, so every table runnable here (scalar, avx2 on x86-64) is compared with 
   +-0.5 / 1.5 ties of w * s, a tensor whose float mean depends on the float64 summation order,
   which NumPy does pairwise); ml_i2s_quantize_act / ml_i2s_matmul: bit-identical to
   quantize_activations / bitlinear, under every ISA (ml_set_isa); the refusals of mlrt.h;
-- the prefill's element-wise kernels (epilogue, axpy, axpy4, act_mul) and attention's dot_f32x4
+- the prefill's element-wise kernels (epilogue, axpy, axpy4, act_mul, norm_mul) and attention's dot_f32x4
   (a run of keys against four queries):
   the header's formulas bit for bit on every ISA, and the activations' exp / SiLU / GELU against
   float64.
@@ -431,8 +431,9 @@ def test_exp_hook_is_the_header_formula(lib):
 
 @pytest.mark.parametrize("seed", [6, 7])
 def test_elementwise_kernels_follow_the_formulas(lib, isa, seed):
-    """epilogue, axpy and act_mul give the header's one-element formulas' bits on every ISA (here:
-    NumPy float32 transcriptions), for every length (the leftovers after the SIMD groups)."""
+    """epilogue, axpy, axpy4, act_mul and norm_mul give the header's one-element formulas' bits on
+    every ISA (here: NumPy float32 transcriptions), for every length (the leftovers after the SIMD
+    groups)."""
     rng = np.random.default_rng(seed)
     for n in (1, 7, 8, 9, 31, 64, 1000, 2048):
         sumi = (rng.integers(-2**31, 2**31, n) >> rng.integers(0, 32, n)).astype(np.int32)
@@ -458,6 +459,9 @@ def test_elementwise_kernels_follow_the_formulas(lib, isa, seed):
             _same_bits(got, want.ravel(), f"{isa} axpy4 n {n} rows {nt}")
         for op in ("silu_mul", "gelu_mul"):
             _same_bits(_kernel_f32(lib, isa, op, x, y), _header_act(op[0] == "g", x, y), f"{isa} {op} n {n}")
+        r = F32(1 / rng.uniform(0.01, 100))  # RMSNorm's scaling, in place (out = v)
+        _same_bits(_kernel_f32(lib, isa, "norm_mul", x, np.concatenate([[r], y]).astype(F32)), (x * r) * y,
+                   f"{isa} norm_mul n {n}")
 
 
 def test_activations_are_as_accurate_as_float32_numpy(lib):

@@ -532,11 +532,12 @@ static float pairwise_sum(const float *v, int n) {
     return pairwise_sum(v, half) + pairwise_sum(v + half, n - half);
 }
 
-/* forward.py rmsnorm: out = (v * (1 / sqrt(mean(v^2) + eps))) * w, float32 (in place allowed) */
-static void rmsnorm(float *out, const float *v, const float *w, int n, float eps) {
+/* forward.py rmsnorm: out = (v * (1 / sqrt(mean(v^2) + eps))) * w, float32 (in place allowed),
+ * the last step by the table's norm_mul */
+static void rmsnorm(const ml_embedder *e, float *out, const float *v, const float *w, int n) {
     float ms = sum_squares(v, n) / (float)n;
-    float r = 1.0f / sqrtf(ms + eps);
-    for (int i = 0; i < n; i++) out[i] = (v[i] * r) * w[i];
+    float r = 1.0f / sqrtf(ms + e->eps);
+    e->k->norm_mul(n, v, r, w, out);
 }
 
 
@@ -712,7 +713,7 @@ static void prep_tokens(void *arg, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++) {
         float *xi = s->xin + (size_t)t * cols;
         if (j->norm_in)
-            rmsnorm(xi, j->x + (size_t)t * cols, j->norm_in, p->cols, e->eps);
+            rmsnorm(e, xi, j->x + (size_t)t * cols, j->norm_in, p->cols);
         else
             memcpy(xi, j->x + (size_t)t * cols, cols * sizeof *xi);
         for (size_t i = 0; i < cols; i++)
@@ -853,7 +854,7 @@ static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) 
     int rc;
     size_t D = (size_t)e->dim, N = (size_t)n, hd = (size_t)e->hd;
     int nh = e->n_heads, nkv = e->n_kv;
-    for (size_t t = 0; t < N; t++) rmsnorm(s->h + t * D, s->x + t * D, Ly->attn_norm, e->dim, e->eps);
+    for (size_t t = 0; t < N; t++) rmsnorm(e, s->h + t * D, s->x + t * D, Ly->attn_norm, e->dim);
     if ((rc = linear(e, s, s->h, Ly->norm_in[P_Q], &Ly->p[P_Q], n, s->q)) ||
         (rc = linear(e, s, s->h, Ly->norm_in[P_K], &Ly->p[P_K], n, s->k)) ||
         (rc = linear(e, s, s->h, Ly->norm_in[P_V], &Ly->p[P_V], n, s->v)))
@@ -863,12 +864,12 @@ static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) 
         const float *ct = c + t * (hd / 2), *st = sn + t * (hd / 2);
         for (int h = 0; h < nh; h++) {
             float *q = s->q + (t * (size_t)nh + (size_t)h) * hd;
-            rmsnorm(q, q, Ly->q_norm, e->hd, e->eps);
+            rmsnorm(e, q, q, Ly->q_norm, e->hd);
             rope(q, e->hd, ct, st);
         }
         for (int h = 0; h < nkv; h++) {
             float *k = s->k + (t * (size_t)nkv + (size_t)h) * hd;
-            rmsnorm(k, k, Ly->k_norm, e->hd, e->eps);
+            rmsnorm(e, k, k, Ly->k_norm, e->hd);
             rope(k, e->hd, ct, st);
         }
     }
@@ -884,9 +885,9 @@ static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) 
     ml_pool_run(e->pool, nh, attn_heads, &aj);
     if ((rc = linear(e, s, s->att, Ly->norm_in[P_O], &Ly->p[P_O], n, s->y))) return rc;
     if (e->gemma)
-        for (size_t t = 0; t < N; t++) rmsnorm(s->y + t * D, s->y + t * D, Ly->post_attn_norm, e->dim, e->eps);
+        for (size_t t = 0; t < N; t++) rmsnorm(e, s->y + t * D, s->y + t * D, Ly->post_attn_norm, e->dim);
     add_rows(s->x, s->y, N * D);
-    for (size_t t = 0; t < N; t++) rmsnorm(s->h + t * D, s->x + t * D, Ly->ffn_norm, e->dim, e->eps);
+    for (size_t t = 0; t < N; t++) rmsnorm(e, s->h + t * D, s->x + t * D, Ly->ffn_norm, e->dim);
     if ((rc = linear(e, s, s->h, Ly->norm_in[P_GATE], &Ly->p[P_GATE], n, s->g)) ||
         (rc = linear(e, s, s->h, Ly->norm_in[P_UP], &Ly->p[P_UP], n, s->u)))
         return rc;
@@ -894,7 +895,7 @@ static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) 
     ml_pool_run(e->pool, n, act_tokens, &ajob);
     if ((rc = linear(e, s, s->g, Ly->norm_in[P_DOWN], &Ly->p[P_DOWN], n, s->y))) return rc;
     if (e->gemma)
-        for (size_t t = 0; t < N; t++) rmsnorm(s->y + t * D, s->y + t * D, Ly->post_ffw_norm, e->dim, e->eps);
+        for (size_t t = 0; t < N; t++) rmsnorm(e, s->y + t * D, s->y + t * D, Ly->post_ffw_norm, e->dim);
     add_rows(s->x, s->y, N * D);
     return ML_OK;
 }
@@ -934,7 +935,7 @@ ML_API int ml_embed(ml_embedder *e, const int32_t *tokens, int32_t n, int32_t po
         for (int32_t t = 0; t < n; t++) {
             if (pooling == ML_POOL_CLS && t != 0) continue;
             if (pooling == ML_POOL_LAST && t != n - 1) continue;
-            rmsnorm(s.x + (size_t)t * D, s.x + (size_t)t * D, e->output_norm, e->dim, e->eps);
+            rmsnorm(e, s.x + (size_t)t * D, s.x + (size_t)t * D, e->output_norm, e->dim);
         }
         float *v = s.y; /* the pooled vector, copied to out only when it is finite */
         if (pooling == ML_POOL_MEAN) {

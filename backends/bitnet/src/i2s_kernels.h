@@ -53,7 +53,8 @@ typedef struct {
      * four rows x[i] (queries), bit for bit: each key read once for the four queries. */
     void (*dot_f32x4)(int n, int nk, const float *w, const float *const x[4], float *out, size_t os);
     /* Element-wise float kernels (the prefill's row loops), each element computed by the one
-     * formula below (i2s_epilogue, i2s_axpy1, i2s_act1), so every table gives the same bits:
+     * formula below (i2s_epilogue, i2s_axpy1, i2s_act1, i2s_norm1), so every table gives the same
+     * bits:
      * y[k] = i2s_epilogue(sumi[k], act_sum, a, d): one token's epilogue over n weight rows; */
     void (*epilogue)(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
     /* y[k] = y[k] + p * x[k] (attention's weighted sum of V rows); axpy4: four y against nt rows
@@ -63,6 +64,9 @@ typedef struct {
     void (*axpy4)(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
     /* g[k] = act(g[k]) * u[k], act SiLU (gelu 0) or the tanh GELU (gelu 1): the gated FFN. */
     void (*act_mul)(int gelu, int n, float *g, const float *u);
+    /* out[k] = i2s_norm1(v[k], r, w[k]): RMSNorm's scaling by r = 1 / rms and the weight (out may
+     * be v). */
+    void (*norm_mul)(int n, const float *v, float r, const float *w, float *out);
 } i2s_kernel_table;
 
 const i2s_kernel_table *i2s_kernels(void);                /* the table in use */
@@ -82,11 +86,12 @@ void i2s_avx2_axpy4(int n, int nt, const float *p, size_t ps, const float *x, fl
 void i2s_avx2_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
 void i2s_avx2_axpy(int n, float p, const float *x, float *y);
 void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u);
+void i2s_avx2_norm_mul(int n, const float *v, float r, const float *w, float *out);
 /* Their entries, written once for the three x86 tables; each table adds its integer dots. */
 #define I2S_AVX2_FLOAT_OPS                                                                    \
     .quantize_act = i2s_avx2_quantize_act, .dot_f16 = i2s_avx2_dot_f16, .dot_f32 = i2s_avx2_dot_f32, \
     .dot_f32x4 = i2s_avx2_dot_f32x4, .epilogue = i2s_avx2_epilogue, .axpy = i2s_avx2_axpy,      \
-    .axpy4 = i2s_avx2_axpy4, .act_mul = i2s_avx2_act_mul
+    .axpy4 = i2s_avx2_axpy4, .act_mul = i2s_avx2_act_mul, .norm_mul = i2s_avx2_norm_mul
 #endif
 /* the scalar twin's element-wise kernels (i2s_scalar.c), which NEON shares */
 void i2s_scalar_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
@@ -94,6 +99,7 @@ void i2s_scalar_axpy(int n, float p, const float *x, float *y);
 void i2s_scalar_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
 void i2s_scalar_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os);
 void i2s_scalar_act_mul(int gelu, int n, float *g, const float *u);
+void i2s_scalar_norm_mul(int n, const float *v, float r, const float *w, float *out);
 #if defined(__aarch64__)
 extern const i2s_kernel_table i2s_kernels_neon;
 #endif
@@ -123,6 +129,9 @@ static inline float i2s_epilogue(int32_t sumi, int32_t act_sum, float a, float d
 }
 
 static inline float i2s_axpy1(float y, float p, float x) { return y + p * x; }
+
+/* RMSNorm's last step (forward.py rmsnorm): (v * r) * w, two roundings. */
+static inline float i2s_norm1(float v, float r, float w) { return (v * r) * w; }
 
 /* exp(x) for the activations, one formula on every ISA (Cephes' expf: Cody-Waite reduction by
  * n = floor(x log2(e) + 1/2) with ln 2 split so that n * I2S_LN2_HI is exact, a degree-5

@@ -169,4 +169,5 @@ const i2s_kernel_table i2s_kernels_neon = {
     .axpy = i2s_scalar_axpy,
     .axpy4 = i2s_scalar_axpy4,
     .act_mul = i2s_scalar_act_mul,
+    .norm_mul = i2s_scalar_norm_mul,
 };

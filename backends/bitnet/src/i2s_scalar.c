@@ -92,6 +92,10 @@ void i2s_scalar_dot_f32x4(int n, int nk, const float *w, const float *const x[4]
         for (int i = 0; i < 4; i++) out[(size_t)i * os + (size_t)t] = dot_f32(n, w + (size_t)t * (size_t)n, x[i]);
 }
 
+void i2s_scalar_norm_mul(int n, const float *v, float r, const float *w, float *out) {
+    for (int k = 0; k < n; k++) out[k] = i2s_norm1(v[k], r, w[k]);
+}
+
 void i2s_scalar_act_mul(int gelu, int n, float *g, const float *u) {
     for (int k = 0; k < n; k++) g[k] = i2s_act1(gelu, g[k], u[k]);
 }
@@ -109,5 +113,6 @@ const i2s_kernel_table i2s_kernels_scalar = {
     .epilogue = i2s_scalar_epilogue,
     .axpy = i2s_scalar_axpy,
     .axpy4 = i2s_scalar_axpy4,
+    .norm_mul = i2s_scalar_norm_mul,
     .act_mul = i2s_scalar_act_mul,
 };

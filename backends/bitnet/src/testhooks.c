@@ -19,6 +19,8 @@
  *   "axpy4":        a = float x[nt][n], b = {int32 nt, float p[4][nt], float y[4][n]}; out = float
  *                   y[4][n] after;
  *   "silu_mul", "gelu_mul": a = float g[n], b = float u[n]; out = float act(g) * u [n];
+ *   "norm_mul":     a = float v[n], b = {float r, float w[n]}; out = float (v * r) * w [n],
+ *                   computed in place (out holds v first);
  *   "exp":          a = float x[n]; out = float i2s_exp(x) [n] (the header's formula, no table).
  * out holds at least 16 bytes (64 for dot_rows2x8). The integer dots need n a positive multiple of 128, the others n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
  * op) or ML_E_UNSUPPORTED (ISA not built or not runnable on this CPU). The ISA in use (ml_isa) is
@@ -57,6 +59,13 @@ ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const vo
         memcpy(&act_sum, b, 4);
         memcpy(p, (const uint8_t *)b + 4, 8);
         t->epilogue(n, a, act_sum, p[0], p[1], out);
+        return ML_OK;
+    }
+    if (strcmp(op, "norm_mul") == 0) {
+        float r;
+        memcpy(&r, b, 4);
+        memcpy(out, a, sizeof(float) * (size_t)n);
+        t->norm_mul(n, out, r, (const float *)b + 1, out);
         return ML_OK;
     }
     if (strcmp(op, "axpy") == 0) {
