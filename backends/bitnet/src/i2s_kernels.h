@@ -87,7 +87,8 @@ void i2s_avx2_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, flo
 void i2s_avx2_axpy(int n, float p, const float *x, float *y);
 void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u);
 void i2s_avx2_norm_mul(int n, const float *v, float r, const float *w, float *out);
-/* Their entries, written once for the three x86 tables; each table adds its integer dots. */
+/* Their entries, written once for the AVX2 and AVX-VNNI tables, which add their integer dots (the
+ * AVX-512 table lists its own: two of its float kernels are 16 lanes wide). */
 #define I2S_AVX2_FLOAT_OPS                                                                    \
     .quantize_act = i2s_avx2_quantize_act, .dot_f16 = i2s_avx2_dot_f16, .dot_f32 = i2s_avx2_dot_f32, \
     .dot_f32x4 = i2s_avx2_dot_f32x4, .epilogue = i2s_avx2_epilogue, .axpy = i2s_avx2_axpy,      \
