@@ -13,14 +13,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from mlconf.backends.base import NATIVE_ISAS
 from mlconf.backends.reference import quant
-from mlconf.bench_output import REPEAT, Timing, document, last_cache_bytes, section, timed
+from mlconf.bench_output import REPEAT, Timing, document, interleaved, last_cache_bytes, section, timed
 from mlconf.bench_output import table as format_table
 
 BW_BYTES = 256 << 20
@@ -748,9 +749,11 @@ def _projection_params(shape: str) -> int:
     return kw["num_hidden_layers"] * (d * q + 2 * d * kv + q * d + 3 * d * kw["intermediate_size"])
 
 
-def bitnet_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -> Timing:
-    """Seconds of one embedding of ``seq`` tokens by the bitnet runtime in this process (ml_embed:
-    every token through every layer, mean pooling, normalized), ``repeat`` runs after a warm-up."""
+@contextmanager
+def bitnet_prefill(gguf_path: str | Path, seq: int, threads: int) -> Iterator[Callable[[], None]]:
+    """One embedding of ``seq`` tokens by the bitnet runtime in this process (ml_embed: every token
+    through every layer, mean pooling, normalized), as a function to time; the model is loaded
+    and warmed up (weights faulted in, threads started) first."""
     ffi, lib = _bitnet_lib()
     pp = ffi.new("ml_embedder **")
     reason = ffi.new("char[]", 1024)
@@ -760,8 +763,8 @@ def bitnet_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -
     try:
         toks = ffi.new("int32_t[]", [(7919 * i + 3) % lib.ml_embed_vocab(e) for i in range(seq)])
         vec = ffi.new("float[]", lib.ml_embed_dim(e))
-        lib.ml_embed(e, toks, min(seq, 16), 1, 1, vec)   # warm-up: weights faulted in, threads started
-        return timed(lambda: lib.ml_embed(e, toks, seq, 1, 1, vec), repeat)
+        lib.ml_embed(e, toks, min(seq, 16), 1, 1, vec)   # warm-up
+        yield lambda: lib.ml_embed(e, toks, seq, 1, 1, vec)
     finally:
         lib.ml_embed_free(e)
 
@@ -783,9 +786,10 @@ def llama_cpp_quantize(src: str | Path, dst: str | Path, threads: int = 2) -> Pa
     return Path(dst)
 
 
-def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int) -> Timing:
-    """Seconds of llama.cpp's prefill of ``seq`` tokens (one eval, logits of the last position
-    only: what llama-bench -p measures), ``repeat`` runs after a warm-up eval."""
+@contextmanager
+def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int) -> Iterator[Callable[[], None]]:
+    """llama.cpp's prefill of ``seq`` tokens (one eval, logits of the last position only: what
+    llama-bench -p measures) as a function to time, after a warm-up eval."""
     llm = _llama(gguf_path, seq, seq, threads, False)
     try:
         toks = [(7919 * i + 3) % llm.n_vocab() for i in range(seq)]
@@ -794,7 +798,7 @@ def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int, repeat: int
         def run():
             llm.reset()
             llm.eval(toks)
-        return timed(run, repeat)
+        yield run
     finally:
         llm.close()
 
@@ -804,7 +808,7 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
     """Seed 004 section 7's benchmark on this machine: prefill tokens/s at each length of the F16
     teacher and the I2_S student on the bitnet runtime, and of llama.cpp on the same F16 teacher
     GGUF and on its own Q8_0 of it (llama_cpp_quantize; when the `bench` extra is installed), per
-    thread count; with the projections' GOPS
+    thread count, the engines' runs interleaved (bench_output.interleaved); with the projections' GOPS
     (2 x weights x tokens / s) and weight GB/s (each weight read once per pass) against the
     measured read bandwidth ``bw``, I2_S over F16, and mlconf over llama.cpp."""
     import tempfile
@@ -821,11 +825,13 @@ def bitnet_prefill_bench(bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SE
             for th in threads:
                 for seq in seqs:
                     rep = REPEAT if seq <= 512 else 2    # a 2048-token run of the 0.6B shape: ~40 s
-                    t = {"F16 teacher": bitnet_prefill(files["F16 teacher"], seq, th, rep),
-                         "I2_S student": bitnet_prefill(files["I2_S student"], seq, th, rep)}
-                    if have_llama:
-                        t["llama.cpp F16 teacher"] = llama_cpp_prefill(files["F16 teacher"], seq, th, rep)
-                        t["llama.cpp Q8_0 teacher"] = llama_cpp_prefill(files["Q8_0 teacher"], seq, th, rep)
+                    with ExitStack() as stack:           # every engine loaded, then timed in turn
+                        runs = {"F16 teacher": bitnet_prefill(files["F16 teacher"], seq, th),
+                                "I2_S student": bitnet_prefill(files["I2_S student"], seq, th)}
+                        if have_llama:
+                            runs["llama.cpp F16 teacher"] = llama_cpp_prefill(files["F16 teacher"], seq, th)
+                            runs["llama.cpp Q8_0 teacher"] = llama_cpp_prefill(files["Q8_0 teacher"], seq, th)
+                        t = interleaved({k: stack.enter_context(v) for k, v in runs.items()}, rep)
                     for label, timing in t.items():
                         sec = timing.median
                         wbytes = params * (2 if "F16" in label else 34 / 32 if "Q8_0" in label else 0.25)
@@ -867,7 +873,8 @@ def bitnet_doc(workdir: str | None = None, shapes=tuple(BITNET_SHAPES), seqs=PRE
                 "reading of each file (F16: float matmuls; I2_S: ternary). " + llama_note + " GOPS counts "
                 "the seven projections' multiply-adds (2 x weights x tokens); weight_GB_s their bytes "
                 "(F16: 2 per weight; I2_S: 1/4) over the time, of_memory_bw against the memory "
-                f"bandwidth above. The median of {REPEAT} runs up to 512 tokens, of 2 above.")],
+                f"bandwidth above. The median of {REPEAT} runs up to 512 tokens, of 2 above; the engines' runs are "
+                "interleaved (one of each in turn), so the machine's drift falls on all of them alike.")],
         bandwidth=bws)
 
 

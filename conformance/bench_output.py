@@ -47,12 +47,20 @@ class Timing:
 
 
 def timed(fn: Callable[[], object], repeat: int) -> Timing:
-    runs = []
+    return interleaved({"": fn}, repeat)[""]
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, Timing]:
+    """Each function timed ``repeat`` times, one run of each in turn per round: in these VMs the
+    speed of the whole machine drifts by a third within minutes, and runs taken side by side see
+    the same drift, where one engine's runs followed by the next's would not."""
+    runs: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(max(1, repeat)):
-        t = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t)
-    return Timing(tuple(runs))
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - t)
+    return {name: Timing(tuple(r)) for name, r in runs.items()}
 
 
 def _cpuinfo() -> dict[str, str]:

@@ -159,3 +159,34 @@ def test_decode_is_set_against_the_bandwidth_measured_before_it():
     assert got["memory_GB_s_beside"] == 15.0
     assert got["spread_beside"]["memory_GB_s"] == {"min": 10.0, "median": 15.0, "max": 20.0, "runs": 3}
     assert _beside([], Timing((1.0,)), 16) == {}
+
+
+def test_interleaved_runs_take_turns():
+    """bench_output.interleaved times one run of each function in turn per round (so the machine's
+    drift falls on every engine alike), each with its own runs."""
+    calls = []
+    got = bench_output.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3)
+    assert calls == ["a", "b"] * 3
+    assert {k: len(t.runs) for k, t in got.items()} == {"a": 3, "b": 3}
+
+
+def test_bitnet_prefill_rows(monkeypatch, tmp_path):
+    """`bench bitnet`'s prefill section on a tiny Qwen3 stand-in: the F16 teacher and the I2_S
+    student on the bitnet runtime (and llama.cpp's two rows with the `bench` extra), every engine
+    loaded at once and timed in turn, with the I2_S ratios."""
+    pytest.importorskip("torch")
+    from mlconf import bench
+    from mlconf.backends.bitnet import LIBRARY
+    if not LIBRARY.exists():
+        pytest.skip("libmlbitnet is not built")
+    tiny = ("qwen3", dict(hidden_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=64, intermediate_size=256, vocab_size=512, max_position_embeddings=64))
+    monkeypatch.setattr(bench, "BITNET_SHAPES", {"tiny": tiny})
+    rows = bench.bitnet_prefill_bench(10.0, ("tiny",), (8,), (1,), workdir=str(tmp_path))
+    labels = [r["model"] for r in rows]
+    llama = bench.llama_cpp_version() is not None
+    assert labels == ["tiny F16 teacher", "tiny I2_S student"] + (
+        ["tiny llama.cpp F16 teacher", "tiny llama.cpp Q8_0 teacher"] if llama else [])
+    student = rows[1]
+    assert student["tokens_s"] > 0 and student["spread"]["tokens_s"]["runs"] == bench.REPEAT
+    assert student["vs_F16_teacher"] > 0 and (not llama or student["vs_llama.cpp_F16"] > 0)
