@@ -82,21 +82,27 @@ static void dot_rows2x8(int n, const uint8_t *w, const int8_t *const x[8], int32
 }
 
 /* Four consecutive weight rows, one activation row (the matvec path), the next four rows
- * prefetched as in the AVX2 table. */
+ * prefetched as in the AVX2 table. Two accumulators per row (code vectors 0, 1 and 2, 3): with
+ * one, a row's four vpdpbusd per block were one chain of latencies, and this table ran the
+ * 4096 x 4096 matvec at 0.24 ms against AVX2's 0.10 (AMD EPYC, cached). */
 static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) {
     const size_t rs = (size_t)(n / 4);
-    __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                    _mm256_setzero_si256()};
+    __m256i a[4], e[4];
+    for (int r = 0; r < 4; r++) a[r] = e[r] = _mm256_setzero_si256();
     for (int b = 0; b < n / I2S_BLOCK; b++) {
         _mm_prefetch((const char *)(w + 4 * rs) + 128 * (size_t)b, _MM_HINT_T0);
         _mm_prefetch((const char *)(w + 4 * rs) + 128 * (size_t)b + 64, _MM_HINT_T0);
+        const int8_t *xb = x + (size_t)b * I2S_BLOCK;
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             __m256i c[4];
             unpack(w + (size_t)r * rs + (size_t)b * I2S_BLOCK_BYTES, c);
-            a[r] = block_dot(a[r], c, x + (size_t)b * I2S_BLOCK);
+            a[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(a[r], c[0], load32(xb)), c[1], load32(xb + 32));
+            e[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(e[r], c[2], load32(xb + 64)), c[3], load32(xb + 96));
         }
     }
-    _mm_storeu_si128((__m128i *)out, hsum8x4(a[0], a[1], a[2], a[3]));
+    _mm_storeu_si128((__m128i *)out, hsum8x4(_mm256_add_epi32(a[0], e[0]), _mm256_add_epi32(a[1], e[1]),
+                                             _mm256_add_epi32(a[2], e[2]), _mm256_add_epi32(a[3], e[3])));
 }
 
 const i2s_kernel_table i2s_kernels_avxvnni = {
