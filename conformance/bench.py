@@ -362,13 +362,16 @@ def native_kernel_bench(isas: tuple[str, ...] = SIMD_ISAS) -> tuple[dict, list[d
     return bws, rows
 
 
-def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
-                           repeat: int = REPEAT, beside: Callable[[], float] | None = None) -> dict:
+# One run of an engine's prefill-then-decode: (prefill seconds, decode seconds).
+PhaseRun = Callable[[], tuple[float, float]]
+
+
+@contextmanager
+def native_inprocess(path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2) -> Iterator[PhaseRun]:
     """The native runtime called in this process (no worker, no logits transfer), as llama.cpp is
-    timed: prefill with ml_forward_last (the last position's logits only), then single-token
-    decodes, each phase timed on its own (a difference of two medians can come out negative when
-    the prefill's noise exceeds the decode); median of ``repeat``. ``beside``: a measurement (the
-    memory bandwidth) taken before each run, returned per run with the decode runs (_beside)."""
+    timed: a run is the prefill with ml_forward_last (the last position's logits only), then
+    ``decode`` single-token decodes, each phase timed on its own (a difference of two medians can
+    come out negative when the prefill's noise exceeds the decode)."""
     import cffi
 
     from mlconf.backends.native import LIBRARY
@@ -389,23 +392,47 @@ def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16,
         toks = (np.arange(prompt + decode) % lib.ml_vocab(m)).astype(np.int32)
         out = np.zeros(lib.ml_vocab(m), np.float32)
         buf = ffi.from_buffer("float[]", out)
-        runs_p, runs_d, bws = [], [], []
-        for _ in range(max(1, repeat)):  # each phase timed on its own, as llama_cpp_bench does
-            if beside is not None:
-                bws.append(beside())
+
+        def run() -> tuple[float, float]:
             t = time.perf_counter()
             lib.ml_forward_last(m, ffi.from_buffer("int32_t[]", toks), prompt, 0, buf)
-            runs_p.append(time.perf_counter() - t)
+            tp = time.perf_counter() - t
             t = time.perf_counter()
             for i in range(decode):
                 lib.ml_forward(m, ffi.from_buffer("int32_t[]", toks[prompt + i:]), 1, prompt + i, buf)
-            runs_d.append(time.perf_counter() - t)
-        tp, td = Timing(tuple(runs_p)), Timing(tuple(runs_d))
+            return tp, time.perf_counter() - t
+        yield run
     finally:
         lib.ml_free(m)
-    return {"prefill_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
-            "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)},
-            **_beside(bws, td, decode)}
+
+
+def phase_rates(runs: dict[str, PhaseRun], prompt: int, decode: int, repeat: int = REPEAT,
+                beside: Callable[[], float] | None = None) -> dict[str, dict]:
+    """Each engine's prefill and decode tokens/s, the median of ``repeat`` runs taken one of each in
+    turn per round (bench_output.interleaved's reason). ``beside``: a measurement (the memory
+    bandwidth) taken before each run, returned per run with that engine's decode runs (_beside)."""
+    got: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], []) for name in runs}
+    for _ in range(max(1, repeat)):
+        for name, run in runs.items():
+            if beside is not None:
+                got[name][2].append(beside())
+            tp, td = run()
+            got[name][0].append(tp)
+            got[name][1].append(td)
+    out = {}
+    for name, (p, d, bws) in got.items():
+        tp, td = Timing(tuple(p)), Timing(tuple(d))
+        out[name] = {"prefill_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
+                     "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)},
+                     **_beside(bws, td, decode)}
+    return out
+
+
+def native_inprocess_bench(path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
+                           repeat: int = REPEAT, beside: Callable[[], float] | None = None) -> dict:
+    """native_inprocess's prefill and decode rates alone (phase_rates)."""
+    with native_inprocess(path, prompt, decode, threads) as run:
+        return phase_rates({"native": run}, prompt, decode, repeat, beside)["native"]
 
 
 def _beside(bws: list[float], td: Timing, decode: int) -> dict:
@@ -448,8 +475,8 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
     """Prefill and decode tokens/s on random models of each of ``shapes`` (BENCH_SHAPES) and
     weight type, in the same run: through each backend's own open_model/forward (the shapes that
     say so), natively in-process as llama.cpp is timed, and with ``llama_cpp`` llama.cpp's on the
-    same weights (the .mlb exported to GGUF beside it). One row per (shape, type, backend, prompt
-    length); `weight_bytes` is what a decode step reads."""
+    same weights (the .mlb exported to GGUF beside it), those two one run each in turn. One row
+    per (shape, type, backend, prompt length); `weight_bytes` is what a decode step reads."""
     import tempfile
 
     from mlconf.tools import mlb
@@ -472,13 +499,15 @@ def model_bench(backends: list[str], wtypes: tuple[str, ...] = ("q8_0", "q4_0"),
                 for prompt in prompts:
                     rows = [_session_row(n, path, prompt, decode, header["vocab"])
                             for n in (backends if sessions else ())]
-                    if "native" in backends:  # the runtime itself, timed as llama.cpp is
-                        rows.append({"backend": "native in-process, last logits",
-                                     **native_inprocess_bench(path, prompt, decode, beside=beside)})
-                    if gg is not None:
-                        r = llama_cpp_bench(str(gg), prompt, decode, beside=beside)
-                        rows.append({"backend": "llama.cpp", **{k: v for k, v in r.items() if k not in
-                                                                ("version", "isa", "threads")}})
+                    with ExitStack() as stack:  # the runtime itself and llama.cpp, timed in turn
+                        runs = {}
+                        if "native" in backends:
+                            runs["native in-process, last logits"] = stack.enter_context(
+                                native_inprocess(path, prompt, decode))
+                        if gg is not None:
+                            runs["llama.cpp"] = stack.enter_context(llama_cpp_inprocess(gg, prompt, decode))
+                        rows += [{"backend": name, **r}
+                                 for name, r in phase_rates(runs, prompt, decode, beside=beside).items()]
                     out += [{**base, "prompt": prompt, **r} for r in rows]
     return out
 
@@ -545,40 +574,44 @@ def _llama(gguf_path: str | Path, n_ctx: int, n_batch: int, threads: int, logits
                            verbose=False)
 
 
-def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
-                    warmup: bool = True, repeat: int = REPEAT,
-                    beside: Callable[[], float] | None = None) -> dict:
-    """llama.cpp's prefill (one eval of ``prompt`` tokens) and decode (``decode`` evals of one
-    token) tokens/s through llama-cpp-python, with model_bench's token ids; median of ``repeat``
-    (llama.cpp's threads spin-wait, so a busy machine can slow one run tenfold). Logits of the
-    last position only (logits_all=False, llama.cpp's default). ``warmup``: one single-token
-    eval first (faults the mmapped weights in, starts the threads), outside the timings.
-    ``beside``: as native_inprocess_bench's."""
+@contextmanager
+def llama_cpp_inprocess(gguf_path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
+                        warmup: bool = True) -> Iterator[PhaseRun]:
+    """llama.cpp through llama-cpp-python with model_bench's token ids: a run is the prefill (one
+    eval of ``prompt`` tokens) then ``decode`` evals of one token, each phase timed on its own.
+    Logits of the last position only (logits_all=False, llama.cpp's default). ``warmup``: one
+    single-token eval first (faults the mmapped weights in, starts the threads), outside the
+    timings."""
     llm = _llama(gguf_path, prompt + decode, prompt, threads, False)
-    runs_p, runs_d, bws = [], [], []
     try:
         toks = [int(t) for t in np.arange(prompt) % llm.n_vocab()]
         if warmup:
             llm.eval(toks[:1])
-        for _ in range(max(1, repeat)):
-            if beside is not None:
-                bws.append(beside())
+
+        def run() -> tuple[float, float]:
             llm.reset()  # the next eval starts at position 0 and drops the cached positions
             t = time.perf_counter()
             llm.eval(toks)
-            runs_p.append(time.perf_counter() - t)
+            tp = time.perf_counter() - t
             t = time.perf_counter()
             for i in range(decode):
                 llm.eval(toks[i: i + 1])
-            runs_d.append(time.perf_counter() - t)
+            return tp, time.perf_counter() - t
+        yield run
     finally:
         llm.close()
-    tp, td = Timing(tuple(runs_p)), Timing(tuple(runs_d))
+
+
+def llama_cpp_bench(gguf_path: str | Path, prompt: int = 64, decode: int = 16, threads: int = 2,
+                    warmup: bool = True, repeat: int = REPEAT,
+                    beside: Callable[[], float] | None = None) -> dict:
+    """llama_cpp_inprocess's prefill and decode rates alone (phase_rates; llama.cpp's threads
+    spin-wait, so a busy machine can slow one run tenfold: the median), with its version, ISA and
+    threads."""
+    with llama_cpp_inprocess(gguf_path, prompt, decode, threads, warmup) as run:
+        r = phase_rates({"llama.cpp": run}, prompt, decode, repeat, beside)["llama.cpp"]
     return {"backend": "llama.cpp", "version": llama_cpp_version(), "isa": llama_cpp_isa(),
-            "threads": threads, "prefill_tok_s": prompt / tp.median,
-            "decode_tok_s": decode / td.median,
-            "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)},
-            **_beside(bws, td, decode)}
+            "threads": threads, **r}
 
 
 def llama_cpp_logits(gguf_path: str | Path, tokens, threads: int = 2) -> np.ndarray:

@@ -190,3 +190,20 @@ def test_bitnet_prefill_rows(monkeypatch, tmp_path):
     student = rows[1]
     assert student["tokens_s"] > 0 and student["spread"]["tokens_s"]["runs"] == bench.REPEAT
     assert student["vs_F16_teacher"] > 0 and (not llama or student["vs_llama.cpp_F16"] > 0)
+
+
+def test_phase_rates_take_turns_with_the_bandwidth_before_each_run():
+    """bench.phase_rates (native against llama.cpp in `bench native`): one run of each engine in
+    turn per round, the bandwidth measured before each run and paired with that run's decode."""
+    from mlconf import bench
+    calls = []
+
+    def engine(name, tp, td):
+        return lambda: calls.append(name) or (tp, td)
+    bws = iter([10.0, 20.0] * 3)
+    got = bench.phase_rates({"a": engine("a", 1.0, 2.0), "b": engine("b", 0.5, 4.0)}, prompt=8, decode=4,
+                            repeat=3, beside=lambda: calls.append("bw") or next(bws))
+    assert calls == ["bw", "a", "bw", "b"] * 3
+    assert got["a"]["prefill_tok_s"] == 8.0 and got["b"]["decode_tok_s"] == 1.0
+    assert got["a"]["memory_GB_s_beside"] == 10.0 and got["b"]["memory_GB_s_beside"] == 20.0
+    assert got["a"]["decode_tok_per_memory_GB"] == 4 / 2.0 / 10.0
