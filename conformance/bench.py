@@ -21,7 +21,8 @@ import numpy as np
 
 from mlconf.backends.base import NATIVE_ISAS
 from mlconf.backends.reference import quant
-from mlconf.bench_output import REPEAT, Timing, document, interleaved, last_cache_bytes, section, timed
+from mlconf.bench_output import (REPEAT, Timing, document, interleaved, last_cache_bytes, section, take_turns,
+                                  timed)
 from mlconf.bench_output import table as format_table
 
 BW_BYTES = 256 << 20
@@ -408,20 +409,16 @@ def native_inprocess(path: str | Path, prompt: int = 64, decode: int = 16, threa
 
 def phase_rates(runs: dict[str, PhaseRun], prompt: int, decode: int, repeat: int = REPEAT,
                 beside: Callable[[], float] | None = None) -> dict[str, dict]:
-    """Each engine's prefill and decode tokens/s, the median of ``repeat`` runs taken one of each in
-    turn per round (bench_output.interleaved's reason). ``beside``: a measurement (the memory
-    bandwidth) taken before each run, returned per run with that engine's decode runs (_beside)."""
-    got: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], []) for name in runs}
-    for _ in range(max(1, repeat)):
-        for name, run in runs.items():
-            if beside is not None:
-                got[name][2].append(beside())
-            tp, td = run()
-            got[name][0].append(tp)
-            got[name][1].append(td)
+    """Each engine's prefill and decode tokens/s, the median of ``repeat`` runs taking turns
+    (bench_output.take_turns). ``beside``: a measurement (the memory bandwidth) taken before each
+    run, returned per run with that engine's decode runs (_beside)."""
+    def with_beside(run: PhaseRun) -> Callable[[], tuple[float | None, float, float]]:
+        return lambda: (beside() if beside is not None else None, *run())
+    got = take_turns({name: with_beside(run) for name, run in runs.items()}, repeat)
     out = {}
-    for name, (p, d, bws) in got.items():
-        tp, td = Timing(tuple(p)), Timing(tuple(d))
+    for name, results in got.items():
+        bws = [bw for bw, _, _ in results if bw is not None]
+        tp, td = Timing(tuple(r[1] for r in results)), Timing(tuple(r[2] for r in results))
         out[name] = {"prefill_tok_s": prompt / tp.median, "decode_tok_s": decode / td.median,
                      "spread": {"prefill_tok_s": tp.spread(prompt), "decode_tok_s": td.spread(decode)},
                      **_beside(bws, td, decode)}

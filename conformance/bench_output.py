@@ -19,8 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from tabulate import tabulate
+
+T = TypeVar("T")
 
 SCHEMA = "mlconf-bench/1"
 REPEAT = 5          # runs of every timed figure (issue 18: the median and min-max of at least 5)
@@ -50,17 +53,29 @@ def timed(fn: Callable[[], object], repeat: int) -> Timing:
     return interleaved({"": fn}, repeat)[""]
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, Timing]:
-    """Each function timed ``repeat`` times, one run of each in turn per round: in these VMs the
-    speed of the whole machine drifts by a third within minutes, and runs taken side by side see
-    the same drift, where one engine's runs followed by the next's would not."""
-    runs: dict[str, list[float]] = {name: [] for name in fns}
+def take_turns(fns: dict[str, Callable[[], T]], repeat: int) -> dict[str, list[T]]:
+    """Each function's results of ``repeat`` calls, one call of each in turn per round: in these
+    VMs the speed of the whole machine drifts by a third within minutes, and runs taken side by
+    side see the same drift, where one engine's runs followed by the next's would not."""
+    got: dict[str, list[T]] = {name: [] for name in fns}
     for _ in range(max(1, repeat)):
         for name, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            runs[name].append(time.perf_counter() - t)
-    return {name: Timing(tuple(r)) for name, r in runs.items()}
+            got[name].append(fn())
+    return got
+
+
+def _seconds(fn: Callable[[], object]) -> Callable[[], float]:
+    def run() -> float:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+    return run
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, Timing]:
+    """Each function timed ``repeat`` times, taking turns (take_turns)."""
+    got = take_turns({name: _seconds(fn) for name, fn in fns.items()}, repeat)
+    return {name: Timing(tuple(r)) for name, r in got.items()}
 
 
 def _cpuinfo() -> dict[str, str]:

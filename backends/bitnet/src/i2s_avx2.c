@@ -243,8 +243,8 @@ static void dot_f32x4_key(int n, const float *w, const float *const x[4], float 
 /* Two keys against four queries at a time in eight named accumulators (gcc -O2 keeps an array
  * of them in memory, and every add then waits for a store to forward; with one key, four add
  * chains waited on each other's latency). Running sum j is lane j, so two hadd levels and the
- * halves' sum give ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) for all eight dots at once:
- * the twin's order. A width that is not a multiple of 8 goes key by key. */
+ * halves' sum give ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) for all eight dots at once
+ * (f32_tree_2x4): the twin's order. A width that is not a multiple of 8 goes key by key. */
 void i2s_avx2_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os) {
     const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
     int t = 0;
@@ -262,12 +262,8 @@ void i2s_avx2_dot_f32x4(int n, int nk, const float *w, const float *const x[4], 
             q = _mm256_loadu_ps(x3 + k);
             a3 = _mm256_add_ps(a3, _mm256_mul_ps(v0, q)), b3 = _mm256_add_ps(b3, _mm256_mul_ps(v1, q));
         }
-        /* lanes 0..3: key t against queries 0..3; lanes 4..7: key t + 1 */
-        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
-        float r[8];
-        _mm256_storeu_ps(r, _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31)));
-        for (int i = 0; i < 4; i++) out[(size_t)i * os + (size_t)t] = r[i], out[(size_t)i * os + (size_t)t + 1] = r[4 + i];
+        const __m256 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};
+        f32_tree_2x4(a, b, out + t, os);
     }
     for (; t < nk; t++) dot_f32x4_key(n, w + (size_t)t * (size_t)n, x, out + t, os);
 }

@@ -138,12 +138,10 @@ static void dot_f32x4(int n, int nk, const float *w, const float *const x[4], fl
             a2 = _mm512_add_ps(a2, _mm512_mul_ps(v, twice8(x2 + k)));
             a3 = _mm512_add_ps(a3, _mm512_mul_ps(v, twice8(x3 + k)));
         }
-        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(_mm512_castps512_ps256(a0), _mm512_castps512_ps256(a1)),
-                                   _mm256_hadd_ps(_mm512_castps512_ps256(a2), _mm512_castps512_ps256(a3)));
-        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(high8(a0), high8(a1)), _mm256_hadd_ps(high8(a2), high8(a3)));
-        float r[8];
-        _mm256_storeu_ps(r, _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31)));
-        for (int i = 0; i < 4; i++) out[(size_t)i * os + (size_t)t] = r[i], out[(size_t)i * os + (size_t)t + 1] = r[4 + i];
+        const __m256 lo[4] = {_mm512_castps512_ps256(a0), _mm512_castps512_ps256(a1), _mm512_castps512_ps256(a2),
+                              _mm512_castps512_ps256(a3)};
+        const __m256 hi[4] = {high8(a0), high8(a1), high8(a2), high8(a3)};
+        f32_tree_2x4(lo, hi, out + t, os);
     }
     if (t < nk) i2s_avx2_dot_f32x4(n, 1, w + (size_t)t * (size_t)n, x, out + t, os);
 }
