@@ -169,35 +169,41 @@ static float packed_scale(const void *wd, int wd_f16, size_t i) {
     return wd_f16 ? ml_f16_to_f32(((const uint16_t *)wd)[i]) : ((const float *)wd)[i];
 }
 
-static void gemm8(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
+static void gemm8(int ng, int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
                   const float *const *xd, float *out, size_t ldo, size_t bytes,
                   int32_t (*isum)(const uint8_t *, int, const int8_t *)) {
-    for (int t = 0; t < nt; t++)
-        for (int r = 0; r < ML_PACK; r++) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            int b = 0;
-            for (; b + 4 <= nb; b += 4)
-                for (int k = 0; k < 4; k++)
-                    acc[k] += term(packed_scale(wd, wd_f16, (size_t)ML_PACK * (b + k) + r), xd[t][b + k],
-                                   isum(w + (size_t)(b + k) * bytes, r, x[t] + (size_t)(b + k) * QK));
-            float s = lanes(acc);
-            for (; b < nb; b++)
-                s = s + term(packed_scale(wd, wd_f16, (size_t)ML_PACK * b + r), xd[t][b],
-                             isum(w + (size_t)b * bytes, r, x[t] + (size_t)b * QK));
-            out[(size_t)t * ldo + r] = s;
-        }
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gw = w + (size_t)g * nb * bytes;
+        size_t gd = (size_t)g * nb * ML_PACK; /* the group's first packed scale */
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < ML_PACK; r++) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                int b = 0;
+                for (; b + 4 <= nb; b += 4)
+                    for (int k = 0; k < 4; k++)
+                        acc[k] += term(packed_scale(wd, wd_f16, gd + (size_t)ML_PACK * (b + k) + r), xd[t][b + k],
+                                       isum(gw + (size_t)(b + k) * bytes, r, x[t] + (size_t)(b + k) * QK));
+                float s = lanes(acc);
+                for (; b < nb; b++)
+                    s = s + term(packed_scale(wd, wd_f16, gd + (size_t)ML_PACK * b + r), xd[t][b],
+                                 isum(gw + (size_t)b * bytes, r, x[t] + (size_t)b * QK));
+                out[(size_t)t * ldo + (size_t)g * ML_PACK + r] = s;
+            }
+    }
 }
 
-static void gemm8_q8_0(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
-                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
+static void gemm8_q8_0(int ng, int nb, const uint8_t *w, const void *wd, int wd_f16, int nt,
+                       const int8_t *const *x, const float *const *xd, const int32_t *const *xs, float *out,
+                       size_t ldo) {
     (void)xs;
-    gemm8(nb, w, wd, wd_f16, nt, x, xd, out, ldo, ML_PACK_Q8, isum_packed_q8_0);
+    gemm8(ng, nb, w, wd, wd_f16, nt, x, xd, out, ldo, ML_PACK_Q8, isum_packed_q8_0);
 }
 
-static void gemm8_q4_0(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
-                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo) {
+static void gemm8_q4_0(int ng, int nb, const uint8_t *w, const void *wd, int wd_f16, int nt,
+                       const int8_t *const *x, const float *const *xd, const int32_t *const *xs, float *out,
+                       size_t ldo) {
     (void)xs;
-    gemm8(nb, w, wd, wd_f16, nt, x, xd, out, ldo, ML_PACK_Q4, isum_packed_q4_0);
+    gemm8(ng, nb, w, wd, wd_f16, nt, x, xd, out, ldo, ML_PACK_Q4, isum_packed_q4_0);
 }
 
 /* q . k in scores_f32's order (kernels.h) */

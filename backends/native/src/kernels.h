@@ -32,15 +32,18 @@ typedef struct {
                       const float *const xd[4], float out[4]);
     void (*dot4_q4_0)(int nb, const uint8_t *w, const float *wd, const int8_t *const x[4],
                       const float *const xd[4], float out[4]);
-    /* The packed GEMM (prefill and decode): 8 weight rows in the packed layout below against nt
-     * activation rows x[t] (xd[t] its scales, xs[t][b] the sum of its block b's 32 bytes):
-     * out[t * ldo + r] is dot_*(row r, x[t]) bit for bit, in the same order of the same float
-     * operations, for r < 8 and t < nt. NULL in a table without one (NEON): forward.c then runs
-     * dot4 on the rows as stored. */
-    void (*gemm8_q8_0)(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
-                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo);
-    void (*gemm8_q4_0)(int nb, const uint8_t *w, const void *wd, int wd_f16, int nt, const int8_t *const *x,
-                       const float *const *xd, const int32_t *const *xs, float *out, size_t ldo);
+    /* The packed GEMM (prefill and decode): ng consecutive groups of 8 weight rows in the packed
+     * layout below (group j's blocks at w + j * nb * ML_PACK_Q*, its scales at wd + j * nb * 8
+     * scales) against nt activation rows x[t] (xd[t] its scales, xs[t][b] the sum of its block b's
+     * 32 bytes): out[t * ldo + 8 j + r] is dot_*(row r of group j, x[t]) bit for bit, in the same
+     * order of the same float operations, for r < 8, j < ng and t < nt. NULL in a table without one
+     * (NEON): forward.c then runs dot4 on the rows as stored. */
+    void (*gemm8_q8_0)(int ng, int nb, const uint8_t *w, const void *wd, int wd_f16, int nt,
+                       const int8_t *const *x, const float *const *xd, const int32_t *const *xs, float *out,
+                       size_t ldo);
+    void (*gemm8_q4_0)(int ng, int nb, const uint8_t *w, const void *wd, int wd_f16, int nt,
+                       const int8_t *const *x, const float *const *xd, const int32_t *const *xs, float *out,
+                       size_t ldo);
     /* Attention's float kernels (forward.c), one order on every ISA. scores_f32: out[i] = q . k_i
      * for the nk keys k_i = k + i * stride of hd floats: 8 running sums s_j over d = j (mod 8)
      * (each product rounded, then added), then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)),

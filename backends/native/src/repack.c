@@ -54,14 +54,14 @@ void ml_pack_groups(const ml_matrix *w, int64_t g0, int64_t g1, uint8_t *q, void
 void ml_gemm8_groups(const ml_kernel_table *k, const ml_matrix *w, int64_t g0, int64_t g1, int nt,
                      const int8_t *const *x, const float *const *xd, const int32_t *const *xs, float *out,
                      size_t ldo) {
+    if (g1 <= g0) return;
     int nb = w->cols / QK;
-    for (int64_t g = g0; g < g1; g++) {
-        const uint8_t *pq = w->pq + (size_t)g * nb * block_bytes(w->fmt);
-        const void *pd = (const uint8_t *)w->pd + (size_t)g * nb * ML_PACK * (w->pd_f16 ? 2 : 4);
-        float *o = out + (size_t)g * ML_PACK;
-        if (w->fmt == ML_FMT_Q8_0) k->gemm8_q8_0(nb, pq, pd, w->pd_f16, nt, x, xd, xs, o, ldo);
-        else k->gemm8_q4_0(nb, pq, pd, w->pd_f16, nt, x, xd, xs, o, ldo);
-    }
+    const uint8_t *pq = w->pq + (size_t)g0 * nb * block_bytes(w->fmt);
+    const void *pd = (const uint8_t *)w->pd + (size_t)g0 * nb * ML_PACK * (w->pd_f16 ? 2 : 4);
+    float *o = out + (size_t)g0 * ML_PACK;
+    int ng = (int)(g1 - g0);
+    if (w->fmt == ML_FMT_Q8_0) k->gemm8_q8_0(ng, nb, pq, pd, w->pd_f16, nt, x, xd, xs, o, ldo);
+    else k->gemm8_q4_0(ng, nb, pq, pd, w->pd_f16, nt, x, xd, xs, o, ldo);
 }
 
 /* out[b] = the sum of block b's 32 bytes (the packed kernels' offset, kernels.h) */
