@@ -581,17 +581,17 @@ def llama_cpp_inprocess(gguf_path: str | Path, prompt: int = 64, decode: int = 1
     timings."""
     llm = _llama(gguf_path, prompt + decode, prompt, threads, False)
     try:
-        toks = [int(t) for t in np.arange(prompt) % llm.n_vocab()]
+        toks = [int(t) for t in np.arange(prompt + decode) % llm.n_vocab()]  # native_inprocess's
         if warmup:
             llm.eval(toks[:1])
 
         def run() -> tuple[float, float]:
             llm.reset()  # the next eval starts at position 0 and drops the cached positions
             t = time.perf_counter()
-            llm.eval(toks)
+            llm.eval(toks[:prompt])
             tp = time.perf_counter() - t
             t = time.perf_counter()
-            for i in range(decode):
+            for i in range(prompt, prompt + decode):
                 llm.eval(toks[i: i + 1])
             return tp, time.perf_counter() - t
         yield run

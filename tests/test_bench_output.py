@@ -207,3 +207,27 @@ def test_phase_rates_take_turns_with_the_bandwidth_before_each_run():
     assert got["a"]["prefill_tok_s"] == 8.0 and got["b"]["decode_tok_s"] == 1.0
     assert got["a"]["memory_GB_s_beside"] == 10.0 and got["b"]["memory_GB_s_beside"] == 20.0
     assert got["a"]["decode_tok_per_memory_GB"] == 4 / 2.0 / 10.0
+
+
+def test_llama_cpp_runs_decode_one_token_per_step(monkeypatch):
+    """bench.llama_cpp_inprocess: a run evaluates the prompt, then ``decode`` single tokens (the
+    ids native_inprocess gives), however long the prompt; an empty eval would time nothing."""
+    from mlconf import bench
+    calls = []
+
+    class Llama:
+        def n_vocab(self):
+            return 5
+
+        def eval(self, toks):
+            calls.append(list(toks))
+
+        def reset(self):
+            calls.append("reset")
+
+        def close(self):
+            calls.append("close")
+    monkeypatch.setattr(bench, "_llama", lambda *a: Llama())
+    with bench.llama_cpp_inprocess("m.gguf", prompt=2, decode=4, warmup=False) as run:
+        run()
+    assert calls == ["reset", [0, 1], [2], [3], [4], [0], "close"]
