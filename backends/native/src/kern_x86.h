@@ -491,6 +491,16 @@ ALWAYS_INLINE __m512 terms16(__m512 wd16, float xd, __m512i is) {
 }
 #endif
 
+/* One token (decode) reads every weight once: fetch the blocks PF bytes ahead of both groups'
+ * streams into L1, which the hardware prefetcher alone does not keep up with */
+#define PF 2048
+ALWAYS_INLINE void prefetch_rows(const uint8_t *p, size_t gs, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) {
+        _mm_prefetch((const char *)(p + PF + o), _MM_HINT_T0);
+        if (gs) _mm_prefetch((const char *)(p + gs + PF + o), _MM_HINT_T0);
+    }
+}
+
 /* Tokens t0..t0+TN-1 against R rows (8: one group on 256-bit vectors W; 16: two on 512-bit ones):
  * dot_*'s order per row and token, acc[i][k] its lane k */
 #define GEMM_TILE(R, W, FMT, BYTES, TN)                                                          \
@@ -502,6 +512,7 @@ ALWAYS_INLINE __m512 terms16(__m512 wd16, float xd, __m512i is) {
         for (; b + 4 <= nb; b += 4)                                                              \
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                                \
                 __m##W##i U[8];                                                                  \
+                if (TN == 1) prefetch_rows(w + (size_t)(b + k) * (BYTES), R == 16 ? gs : 0, BYTES);  \
                 operands##R##_##FMT(w + (size_t)(b + k) * (BYTES), gs, U);                       \
                 const __m##W wdv = scales##R(wd, wd_f16, (size_t)(b + k), ds);                   \
                 _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {                           \

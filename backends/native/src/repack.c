@@ -108,7 +108,7 @@ int ml_repack(struct ml_model *m) {
         bytes = ml_add_size(bytes, ml_packed_q_bytes(mats[i]), &ovf);
     }
     size_t total = ml_add_size(dbytes, bytes, &ovf);
-    uint8_t *d = ovf ? NULL : malloc(total ? total : 1); /* the scales first: aligned for them */
+    uint8_t *d = ovf ? NULL : ml_alloc_large(total ? total : 1); /* the scales first: aligned for them */
     if (!d) {
         free(mats);
         return ML_E_NOMEM;
