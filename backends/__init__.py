@@ -9,6 +9,9 @@ in C, libmlbitnet.so: I2_S math and BitNet GGUF embeddings, best ISA), ``bitnet:
 ``get``; ``builtin_names`` lists the ones ``mlconf run`` uses when no backend is named: reference,
 and native and bitnet when their libraries are built and load.
 
+``llama.cpp`` (llama.cpp through llama-cpp-python, the `bench` extra) and ``llama.cpp:DIR`` (a build's
+library folder) gate llama.cpp itself; neither is built in.
+
 ``cmd:PROGRAM [ARGS...]`` drives any executable speaking the line-based JSON protocol of
 mlconf.backends.cmd (a runtime in any language, no C bindings).
 
@@ -104,6 +107,11 @@ def _external(name: str) -> Backend:
     return external_backend(name)
 
 
+def _llama_cpp(name: str) -> Backend:
+    from .llama_cpp import llama_cpp_backend
+    return llama_cpp_backend(name)
+
+
 def _cmd(name: str) -> Backend:
     from .cmd import cmd_backend
     return cmd_backend(name)
@@ -118,6 +126,8 @@ for _isa in BITNET_ISAS:
     register(f"bitnet:{_isa}", _bitnet, builtin=False)
 register("lib:", _external)
 register("cmd:", _cmd, builtin=False)
+register("llama.cpp", _llama_cpp, builtin=False)
+register("llama.cpp:", _llama_cpp, builtin=False)
 _BUILTIN_NAMES = frozenset(_FACTORIES)      # what plug-ins cannot take over
 
 

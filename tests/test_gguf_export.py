@@ -32,6 +32,7 @@ CUSTOM = {
                      "rope_high_freq_factor": 4.0, "rope_orig_max_seq": 32, "rope_theta": 5e5}, "search"),
     "rope_linear": ({"wtype": 2, "rope_type": 2, "rope_factor": 2.0}, "round"),
     "vocab3": ({"vocab": 3}, "search"),
+    "flags_zero": ({"layer_flags": 1}, "round"),  # a flags array, all zero: nothing to export
 }
 EXPORTED = FIXTURES + [n for n in CUSTOM if n != "rot_dim"]
 
@@ -43,7 +44,7 @@ def _write(path: Path, header: dict, q4_rule: str, seed: int = 0) -> Path:
     for name, (fmt, shape) in mlb.expected_arrays(h, None).items():
         sd, mean = (0.1, 1.0) if fmt == "F32" else (0.05, 0.0)
         arrays[name] = (mean + rng.normal(0, sd, shape)).astype(np.float32)
-    mlb.write(path, h, arrays, q4_rule=q4_rule)
+    mlb.write(path, h, arrays, q4_rule=q4_rule, flags=[0] * h["n_layers"] if h["layer_flags"] else None)
     return path
 
 

@@ -167,7 +167,7 @@ def export(mlb_path: str | os.PathLike, gguf_path: str | os.PathLike) -> Path:
     if h["rope_type"] == 1:
         w.add_tensor("rope_freqs.weight", rope_freq_factors(h, dv["rot_dim"]))
     for a in m.table:
-        if a.part == "d":
+        if a.part == "d" or a.name == "layer_flags":  # flags: all zero (_check), nothing to say
             continue
         if a.fmt == "F32":
             w.add_tensor(gguf_name(a.name), np.asarray(m.arrays[a.name], dtype=np.float32))

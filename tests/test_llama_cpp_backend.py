@@ -1,0 +1,129 @@
+"""The llama.cpp backend (backends/llama_cpp): llama.cpp gated by the suite through `mlconf run`.
+
+Runs where llama-cpp-python (extra `bench`) and gguf-py are installed; skips with the reason
+elsewhere. The expressible forward cases must come out pass or fail, never error; a deliberately
+wrong export (q and k rows in rotate-half order) must fail them, so a pass is not vacuous.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from mlconf import backends, cli
+from mlconf.backends.cmd import CmdBackend
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("gguf") is None,
+    reason="llama-cpp-python and gguf-py (extra `bench`) are not installed")
+
+# Expressible as a llama GGUF (f16 scales, the llama architecture), and one that is not (biases)
+EXPRESSIBLE = ("q4_round_f16", "q4_mask_b", "q8_f16", "linear_rope_f16")
+SELECT = " or ".join((*EXPRESSIBLE, "fixture/valid/qwen2/"))
+
+# A program that exports q and k rows in HF's rotate-half order instead of the .mlb's interleaved
+# pairs (the mistake a converter makes when it forgets the permutation), then serves as the real one.
+HALVES = """
+import sys
+import numpy as np
+from mlconf.tools import gguf_export, mlb
+blocks, export, hd = gguf_export.ggml_blocks, gguf_export.export, [0]
+def halves(fmt, q, d, where):
+    b = blocks(fmt, q, d, where)
+    if where.endswith(("wq", "wk")):
+        n = hd[0]
+        b = b.reshape(-1, n, b.shape[1])[:, np.r_[0:n:2, 1:n:2]].reshape(b.shape)
+    return b
+def export_halves(src, dst):
+    hd[0] = mlb.read(src).derived["head_dim"]
+    return export(src, dst)
+gguf_export.ggml_blocks, gguf_export.export = halves, export_halves
+from mlconf.backends.llama_cpp import program
+sys.exit(program.main())
+"""
+
+
+def _run(tmp_path, backend: str, select: str, name: str) -> dict[str, dict]:
+    cli.main(["run", "-b", backend, "--area", "forward", "-k", select, "--report", str(tmp_path / name)])
+    doc = json.loads((tmp_path / name / "results.json").read_text(encoding="utf-8"))
+    return {r["case"]: r for r in doc["records"]}
+
+
+def test_forward_cases_are_pass_fail_or_unsupported(tmp_path):
+    """Every expressible case runs to a verdict (never an error) and the tiny llama-style models
+    pass within logits_runtime_vs_reference; a model with biases is unsupported, naming why."""
+    got = _run(tmp_path, "llama.cpp", SELECT, "llama")
+    assert len(got) >= 2 * len(EXPRESSIBLE) + 2
+    for case, r in got.items():
+        if "qwen2" in case:
+            assert r["outcome"] == "unsupported" and "qkv_bias" in r["detail"], (case, r["detail"])
+        else:
+            assert r["outcome"] in ("pass", "fail"), (case, r["outcome"], r["detail"])
+    for name in ("q4_round_f16", "q4_mask_b", "linear_rope_f16"):
+        passed = [c for c, r in got.items() if name in c and r["outcome"] == "pass"]
+        assert passed, (name, {c: r["detail"] for c, r in got.items() if name in c})
+
+
+def test_a_wrong_rope_layout_fails_the_forward_cases(tmp_path, monkeypatch):
+    """The comparison cannot pass vacuously: the same backend with q/k rows swapped to rotate-half
+    order fails the fixtures' forward cases that pass with the right export. (Not the golden
+    linear_rope_f16: its few positions, divided by the scaling factor, turn the pairs too little
+    for the wrong pairing to leave its tolerance.)"""
+    script = tmp_path / "halves.py"
+    script.write_text(HALVES, encoding="utf-8")
+    monkeypatch.setitem(backends._FACTORIES, "llama.cpp-halves",
+                        lambda name: CmdBackend(name, [sys.executable, str(script)]))
+    select = " or ".join(("q4_round_f16", "q4_mask_b"))
+    right = _run(tmp_path, "llama.cpp", select, "right")
+    wrong = _run(tmp_path, "llama.cpp-halves", select, "wrong")
+    assert right.keys() == wrong.keys() and right
+    for case in right:
+        assert right[case]["outcome"] == "pass", (case, right[case]["detail"])
+        assert wrong[case]["outcome"] == "fail", (case, wrong[case]["detail"])
+
+
+def test_ggml_quantizers_answer_the_quant_cases(tmp_path):
+    """ggml's Q8_0 and Q4_0 quantizers run the quant area's f16 cases: each a pass or a fail with
+    the differing bytes named; f32 scales (which GGML cannot store) are unsupported."""
+    cli.main(["run", "-b", "llama.cpp", "--area", "quant", "--report", str(tmp_path / "q")])
+    doc = json.loads((tmp_path / "q" / "results.json").read_text(encoding="utf-8"))
+    recs = doc["records"]
+    outcomes = {r["outcome"] for r in recs}
+    assert "error" not in outcomes and "crash" not in outcomes, [r["detail"] for r in recs
+                                                                  if r["outcome"] in ("error", "crash")]
+    ran = [r for r in recs if r["outcome"] in ("pass", "fail")]
+    assert ran and any(r["outcome"] == "pass" for r in ran)
+    assert all("f16 scales" in r["detail"] or "importance" in r["detail"] or "search" in r["detail"]
+               or "refused" in r["detail"] or r["outcome"] != "unsupported" for r in recs)
+
+
+def test_llama_cpp_dir_must_hold_the_libraries(tmp_path):
+    with pytest.raises(backends.BackendError, match="libllama.so"):
+        backends.get(f"llama.cpp:{tmp_path}")
+
+
+def test_forward_positions_follow_the_session(tmp_path):
+    """The session feeds positions in order, starts over at 0, and refuses a gap or a token out of
+    range as an input error; the logits of a prefill equal the token-by-token ones within f16 KV
+    rounding."""
+    from mlconf import fixtures
+    fixtures.generate(tmp_path, only={"valid/q4_round_f16.mlb"})
+    b = backends.get("llama.cpp")
+    try:
+        s = b.open_model(str(tmp_path / "valid" / "q4_round_f16.mlb"), 16)
+        toks = np.array([1, 5, 9, 3])
+        pre = s.forward(toks, 0)
+        one = np.concatenate([s.forward(toks[i:i + 1], i) for i in range(len(toks))])
+        assert pre.shape == one.shape == (4, s.vocab)
+        assert np.abs(pre - one).max() < 1e-2
+        with pytest.raises(backends.InputError, match="next position"):
+            s.forward(toks[:1], 7)
+        with pytest.raises(backends.InputError, match="outside"):
+            s.forward(np.array([s.vocab]), 0)
+        s.close()
+    finally:
+        b.close()
