@@ -33,8 +33,16 @@ CUSTOM = {
     "rope_linear": ({"wtype": 2, "rope_type": 2, "rope_factor": 2.0}, "round"),
     "vocab3": ({"vocab": 3}, "search"),
     "flags_zero": ({"layer_flags": 1}, "round"),  # a flags array, all zero: nothing to export
+    "qwen2": ({"qkv_bias": 1}, "round"),
+    "qwen3": ({"qk_norm": 1, "dim": 96, "head_dim": 32, "n_kv_heads": 4}, "search"),
+    "bias_and_qk_norm": ({"qkv_bias": 1, "qk_norm": 1}, "round"),  # refused: no architecture has both
 }
-EXPORTED = FIXTURES + [n for n in CUSTOM if n != "rot_dim"]
+REFUSED = ("rot_dim", "bias_and_qk_norm")
+EXPORTED = FIXTURES + [n for n in CUSTOM if n not in REFUSED]
+ARCH = {"qwen2": "qwen2", "qwen3": "qwen3"}  # the others: llama
+# What llama.cpp's qwen2 and qwen3 rotate together are halves (i, i + head_dim / 2) of a head: the
+# exporter reorders these arrays' head rows from the .mlb's pairs (2i, 2i + 1) to that order.
+NEOX_ROWS = ("wq", "wk", "bq", "bk", "q_norm", "k_norm")
 
 
 def _write(path: Path, header: dict, q4_rule: str, seed: int = 0) -> Path:
@@ -42,7 +50,7 @@ def _write(path: Path, header: dict, q4_rule: str, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     arrays = {}
     for name, (fmt, shape) in mlb.expected_arrays(h, None).items():
-        sd, mean = (0.1, 1.0) if fmt == "F32" else (0.05, 0.0)
+        sd, mean = (0.1, 1.0) if name.endswith("norm") else (0.05, 0.0)  # norms near 1, biases near 0
         arrays[name] = (mean + rng.normal(0, sd, shape)).astype(np.float32)
     mlb.write(path, h, arrays, q4_rule=q4_rule, flags=[0] * h["n_layers"] if h["layer_flags"] else None)
     return path
@@ -51,8 +59,8 @@ def _write(path: Path, header: dict, q4_rule: str, seed: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("gguf_export")
-    mlfixtures.generate(out, only={f"valid/{n}.mlb" for n in FIXTURES + ["q8_min", "qwen2", "rope_yarn"]})
-    paths = {n: out / "valid" / f"{n}.mlb" for n in FIXTURES + ["q8_min", "qwen2", "rope_yarn"]}
+    mlfixtures.generate(out, only={f"valid/{n}.mlb" for n in FIXTURES + ["q8_min", "rope_yarn"]})
+    paths = {n: out / "valid" / f"{n}.mlb" for n in FIXTURES + ["q8_min", "rope_yarn"]}
     for n, (header, rule) in CUSTOM.items():
         paths[n] = _write(out / f"{n}.mlb", header, rule)
     return paths
@@ -74,9 +82,20 @@ def _expected_names(m: mlb.Model) -> dict[str, str]:
         names["output.weight"] = "wcls"
     ours = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
             "ffn_norm": "ffn_norm", "ffn_gate": "w1", "ffn_down": "w2", "ffn_up": "w3"}
+    if m.header["qk_norm"]:
+        ours |= {"attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}
     for i in range(m.header["n_layers"]):
         names.update({f"blk.{i}.{k}.weight": f"layers.{i}.{v}" for k, v in ours.items()})
+        if m.header["qkv_bias"]:
+            names.update({f"blk.{i}.attn_{x}.bias": f"layers.{i}.b{x}" for x in "qkv"})
     return names
+
+
+def _neox_rows(w: np.ndarray, head_dim: int) -> np.ndarray:
+    """w's rows, head by head, in the order 0, 2, 4, ..., 1, 3, 5, ..."""
+    order = [h * head_dim + j for h in range(len(w) // head_dim)
+             for j in [*range(0, head_dim, 2), *range(1, head_dim, 2)]]
+    return w[order]
 
 
 @pytest.mark.parametrize("name", EXPORTED)
@@ -95,7 +114,10 @@ def test_tensors_hold_the_same_weights(models, exported, name):
         fmt = next(a.fmt for a in m.table if a.name in (ours, f"{ours}.q"))
         assert t.tensor_type.name == fmt, gname
         got = gguf.quants.dequantize(t.data, t.tensor_type).reshape(m.weights(ours).shape)
-        np.testing.assert_array_equal(got, m.weights(ours), err_msg=gname)  # no permutation
+        want_w = m.weights(ours)
+        if name in ARCH and ours.rsplit(".", 1)[-1] in NEOX_ROWS:
+            want_w = _neox_rows(want_w, m.derived["head_dim"])
+        np.testing.assert_array_equal(got, want_w, err_msg=gname)  # llama: no permutation
 
 
 def test_llama3_rope_freqs(models, exported):
@@ -116,23 +138,24 @@ def test_hyperparameters(models, exported, name):
     m = mlb.read(models[name])
     h, d = m.header, m.derived
     r = gguf.GGUFReader(exported[name])
-    assert _field(r, "general.architecture") == "llama"
+    arch = ARCH.get(name, "llama")
+    assert _field(r, "general.architecture") == arch
     want = {"context_length": h["max_seq"], "embedding_length": h["dim"], "block_count": h["n_layers"],
             "feed_forward_length": h["hidden_dim"], "attention.head_count": h["n_heads"],
             "attention.head_count_kv": h["n_kv_heads"], "rope.dimension_count": d["rot_dim"],
             "vocab_size": h["vocab"]}
     for k, v in want.items():
-        assert _field(r, f"llama.{k}") == v, k
-    assert _field(r, "llama.rope.freq_base") == np.float32(h["rope_theta"])
-    assert _field(r, "llama.attention.layer_norm_rms_epsilon") == np.float32(h["norm_eps"])
+        assert _field(r, f"{arch}.{k}") == v, k
+    assert _field(r, f"{arch}.rope.freq_base") == np.float32(h["rope_theta"])
+    assert _field(r, f"{arch}.attention.layer_norm_rms_epsilon") == np.float32(h["norm_eps"])
     if d["head_dim"] * h["n_heads"] != h["dim"]:
-        assert _field(r, "llama.attention.key_length") == d["head_dim"]
-        assert _field(r, "llama.attention.value_length") == d["head_dim"]
+        assert _field(r, f"{arch}.attention.key_length") == d["head_dim"]
+        assert _field(r, f"{arch}.attention.value_length") == d["head_dim"]
     else:
-        assert "llama.attention.key_length" not in r.fields
+        assert f"{arch}.attention.key_length" not in r.fields
     if h["rope_type"] == 2:
-        assert _field(r, "llama.rope.scaling.type") == "linear"
-        assert _field(r, "llama.rope.scaling.factor") == np.float32(h["rope_factor"])
+        assert _field(r, f"{arch}.rope.scaling.type") == "linear"
+        assert _field(r, f"{arch}.rope.scaling.factor") == np.float32(h["rope_factor"])
     assert _field(r, "general.file_type") == (7 if h["wtype"] == 1 else 2)
     assert _field(r, "tokenizer.ggml.model") == "llama"
     assert len(_field(r, "tokenizer.ggml.tokens")) == h["vocab"]
@@ -162,7 +185,8 @@ def test_f32_scales_exact_in_f16_are_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("name, words", [("q8_min", ["scale_f16 = 1", "not exact in f16"]),
-                                         ("qwen2", ["qkv_bias"]), ("rope_yarn", ["yarn"]),
+                                         ("bias_and_qk_norm", ["qkv_bias and qk_norm"]),
+                                         ("rope_yarn", ["yarn"]),
                                          ("rot_dim", ["rot_dim = 8", "16 dims"])])
 def test_refused(models, tmp_path, name, words):
     out = tmp_path / f"{name}.gguf"

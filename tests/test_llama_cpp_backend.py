@@ -21,8 +21,9 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("gguf") is None,
     reason="llama-cpp-python and gguf-py (extra `bench`) are not installed")
 
-# Expressible as a llama GGUF (f16 scales, the llama architecture), and one that is not (biases)
-EXPRESSIBLE = ("q4_round_f16", "q4_mask_b", "q8_f16", "linear_rope_f16")
+# Expressible as a GGUF (f16 scales; llama, or qwen3 with its q/k norms), and one that is not
+# (the qwen2 fixture: f32 scales)
+EXPRESSIBLE = ("q4_round_f16", "q4_mask_b", "q8_f16", "linear_rope_f16", "qwen3_qk_norm_f16")
 SELECT = " or ".join((*EXPRESSIBLE, "fixture/valid/qwen2/"))
 
 # A program that exports q and k rows in HF's rotate-half order instead of the .mlb's interleaved
@@ -55,15 +56,15 @@ def _run(tmp_path, backend: str, select: str, name: str) -> dict[str, dict]:
 
 def test_forward_cases_are_pass_fail_or_unsupported(tmp_path):
     """Every expressible case runs to a verdict (never an error) and the tiny llama-style models
-    pass within logits_runtime_vs_reference; a model with biases is unsupported, naming why."""
+    pass within logits_runtime_vs_reference; a model with f32 scales is unsupported, naming why."""
     got = _run(tmp_path, "llama.cpp", SELECT, "llama")
     assert len(got) >= 2 * len(EXPRESSIBLE) + 2
     for case, r in got.items():
         if "qwen2" in case:
-            assert r["outcome"] == "unsupported" and "qkv_bias" in r["detail"], (case, r["detail"])
+            assert r["outcome"] == "unsupported" and "f16" in r["detail"], (case, r["detail"])
         else:
             assert r["outcome"] in ("pass", "fail"), (case, r["outcome"], r["detail"])
-    for name in ("q4_round_f16", "q4_mask_b", "linear_rope_f16"):
+    for name in ("q4_round_f16", "q4_mask_b", "linear_rope_f16", "qwen3_qk_norm_f16"):
         passed = [c for c, r in got.items() if name in c and r["outcome"] == "pass"]
         assert passed, (name, {c: r["detail"] for c, r in got.items() if name in c})
 
@@ -77,7 +78,7 @@ def test_a_wrong_rope_layout_fails_the_forward_cases(tmp_path, monkeypatch):
     script.write_text(HALVES, encoding="utf-8")
     monkeypatch.setitem(backends._FACTORIES, "llama.cpp-halves",
                         lambda name: CmdBackend(name, [sys.executable, str(script)]))
-    select = " or ".join(("q4_round_f16", "q4_mask_b"))
+    select = " or ".join(("q4_round_f16", "q4_mask_b", "qwen3_qk_norm_f16"))
     right = _run(tmp_path, "llama.cpp", select, "right")
     wrong = _run(tmp_path, "llama.cpp-halves", select, "wrong")
     assert right.keys() == wrong.keys() and right

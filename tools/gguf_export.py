@@ -1,26 +1,31 @@
-"""Export an MLB v1 model to GGUF (llama.cpp's "llama" architecture) holding the same weights.
+"""Export an MLB v1 model to GGUF (llama.cpp's llama, qwen2 or qwen3 architecture) holding the same weights.
 
     python tools/gguf_export.py MODEL.mlb OUT.gguf
 
 Library: ``export(mlb_path, gguf_path) -> Path`` (mlconf.tools.gguf_export); needs gguf-py
-(extra `oracle`). Used by `mlconf bench native` to time llama.cpp on the weights ours runs.
+(extra `oracle`). Used by `mlconf bench native` to time llama.cpp on the weights ours runs, and by
+the llama.cpp backend (backends/llama_cpp) to run the suite's models.
 
 What maps to what:
+  - architecture: llama; qwen2 for q/k/v biases (qkv_bias); qwen3 for q/k norms (qk_norm, with
+    its head_dim as key_length / value_length).
   - matrices: the .mlb's quants and scales are copied, not requantized, into GGML blocks (Q8_0:
     f16 d then 32 int8; Q4_0: f16 d then 16 bytes, element j in the low nibble and j + 16 in the
     high one, the .mlb's own packing). GGML scales are f16, so the .mlb must store f16 scales
     (scale_f16 = 1) or f32 scales that f16 holds exactly; any other is refused, never rounded.
-  - RoPE: the .mlb rotates interleaved pairs (2i, 2i+1) of the dims of a head,
-    which is llama.cpp's NORM rope of the llama architecture (convert_hf_to_gguf.py permutes HF's
-    rotate-half rows to that order, as tools/convert.py does), so q and k rows are not permuted.
+  - RoPE: the .mlb rotates interleaved pairs (2i, 2i+1) of the dims of a head, which is llama.cpp's
+    NORM rope of the llama architecture (convert_hf_to_gguf.py permutes HF's rotate-half rows to
+    that order, as tools/convert.py does), so llama's q and k rows are not permuted. qwen2 and qwen3
+    rotate halves (NEOX): their q and k rows, biases and norms are reordered per head so that the
+    same dims turn together (a permutation of whole rows: the blocks are still copied).
     llama3 scaling becomes rope_freqs (per-pair divisors of the frequency, as llama.cpp's
-    converter writes it), linear scaling rope.scaling.type/factor; yarn is refused.
+    converter writes it; llama only), linear scaling rope.scaling.type/factor; yarn is refused.
   - tokenizer: a placeholder SentencePiece ("llama") vocabulary of `vocab` tokens (0 <unk>,
     1 <s>, 2 </s> as the format's BOS/EOS, 3 <0x0A> which llama.cpp looks up at load); enough
     to load the model and feed it token ids, not to tokenize text.
-Header features the llama architecture does not have (biases, q/k norms, windows, layer flags,
-GELU, post norms, embedding or attention scales, softcaps, gates, linear attention, a rot_dim
-below head_dim) are refused with a message naming the field.
+Header features none of the three has (windows, layer flags, GELU, post norms, embedding or
+attention scales, softcaps, gates, linear attention, a rot_dim below head_dim) are refused with a
+message naming the field.
 """
 
 from __future__ import annotations
@@ -34,14 +39,21 @@ import numpy as np
 
 from mlconf.tools import mlb
 
-# Header fields that must be zero (the llama architecture has no counterpart).
-UNSUPPORTED = ("qkv_bias", "qk_norm", "sliding_window", "act", "post_norms", "attn_scale",
+# The llama.cpp architectures written: the header fields each adds to llama's, and whether llama.cpp
+# rotates the halves (i, i + head_dim / 2) of a head (NEOX) rather than its pairs (2i, 2i + 1).
+ARCHS = {"llama": ((), False), "qwen2": (("qkv_bias",), True), "qwen3": (("qk_norm",), True)}
+# Header fields that must be zero (no architecture written has a counterpart).
+UNSUPPORTED = ("sliding_window", "act", "post_norms", "attn_scale",
                "attn_softcap", "final_softcap", "attn_gate", "lin_k_heads", "lin_v_heads",
                "lin_k_dim", "lin_v_dim", "lin_conv", "rope_local_theta")
-# .mlb matrix -> llama.cpp tensor of a layer.
-LAYER_NAMES = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
-               "wo": "attn_output", "ffn_norm": "ffn_norm", "w1": "ffn_gate", "w2": "ffn_down",
-               "w3": "ffn_up"}
+# .mlb array or matrix -> llama.cpp tensor of a layer.
+LAYER_NAMES = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
+               "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
+               "w1": "ffn_gate.weight", "w2": "ffn_down.weight", "w3": "ffn_up.weight",
+               "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
+               "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight"}
+# Arrays whose rows (or values) follow a head's dimensions: reordered for a NEOX architecture.
+ROTATED = ("wq", "wk", "bq", "bk", "q_norm", "k_norm")
 BLOCK = 32
 
 
@@ -59,7 +71,7 @@ def gguf_name(name: str) -> str:
         return "output.weight"
     parts = name.split(".")
     if len(parts) == 3 and parts[0] == "layers" and parts[2] in LAYER_NAMES:
-        return f"blk.{parts[1]}.{LAYER_NAMES[parts[2]]}.weight"
+        return f"blk.{parts[1]}.{LAYER_NAMES[parts[2]]}"
     raise ExportError(f"array {name!r} has no llama.cpp counterpart")
 
 
@@ -87,21 +99,38 @@ def ggml_blocks(fmt: str, q: np.ndarray, d: np.ndarray, where: str) -> np.ndarra
     return np.concatenate([db, qb], axis=2).reshape(rows, nb * (2 + per))
 
 
-def _check(m: mlb.Model) -> None:
+def architecture(m: mlb.Model) -> str:
+    """The llama.cpp architecture that expresses the model; ExportError naming the field if none."""
     h = m.header
     for k in UNSUPPORTED:
         if h[k]:
-            raise ExportError(f"{m.path}: header {k} = {h[k]!r}: the llama architecture has no counterpart")
+            raise ExportError(f"{m.path}: header {k} = {h[k]!r}: none of llama.cpp's {', '.join(ARCHS)} "
+                              f"architectures (the ones exported) has a counterpart")
     if h["embed_scale"] not in (0.0, 1.0):
-        raise ExportError(f"{m.path}: header embed_scale = {h['embed_scale']!r}: the llama architecture "
-                          f"does not scale the embedding")
+        raise ExportError(f"{m.path}: header embed_scale = {h['embed_scale']!r}: the architectures exported "
+                          f"do not scale the embedding")
     if h["rope_type"] == 3:
         raise ExportError(f"{m.path}: header rope_type = 3 (yarn) is not exported")
     if m.derived["rot_dim"] != m.derived["head_dim"]:  # llama.cpp: "invalid n_rot" otherwise
-        raise ExportError(f"{m.path}: header rot_dim = {h['rot_dim']}: the llama architecture rotates "
+        raise ExportError(f"{m.path}: header rot_dim = {h['rot_dim']}: the architectures exported rotate "
                           f"whole heads ({m.derived['head_dim']} dims)")
     if m.flags is not None and any(m.flags):
-        raise ExportError(f"{m.path}: layer flags {list(m.flags)}: the llama architecture has none")
+        raise ExportError(f"{m.path}: layer flags {list(m.flags)}: the architectures exported have none")
+    has = tuple(k for k in ("qkv_bias", "qk_norm") if h[k])
+    arch = next((a for a, (fields, _) in ARCHS.items() if fields == has), None)
+    if arch is None:
+        raise ExportError(f"{m.path}: header qkv_bias and qk_norm both set: no llama.cpp architecture has both")
+    if h["rope_type"] == 1 and arch != "llama":  # only llama's loader reads rope_freqs
+        raise ExportError(f"{m.path}: header rope_type = 1 (llama3) with {', '.join(has)}: llama.cpp reads "
+                          f"rope_freqs for its llama architecture only")
+    return arch
+
+
+def neox_order(a: np.ndarray, head_dim: int) -> np.ndarray:
+    """Rows (or values) of a q/k array in each head reordered from pairs (2i, 2i + 1) to halves
+    (i, i + head_dim / 2): llama.cpp's NEOX RoPE then turns the pairs the .mlb turns."""
+    perm = np.r_[0:head_dim:2, 1:head_dim:2]
+    return a.reshape(-1, head_dim, *a.shape[1:])[:, perm].reshape(a.shape)
 
 
 def rope_freq_factors(h: dict, rot_dim: int) -> np.ndarray:
@@ -130,11 +159,12 @@ def export(mlb_path: str | os.PathLike, gguf_path: str | os.PathLike) -> Path:
     import gguf
 
     m = mlb.read(mlb_path)
-    _check(m)
+    arch = architecture(m)
+    neox = ARCHS[arch][1]
     h, dv = m.header, m.derived
     qtypes = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
     out = Path(gguf_path)
-    w = gguf.GGUFWriter(None, "llama")
+    w = gguf.GGUFWriter(None, arch)
     w.add_name(Path(m.path).stem)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if h["wtype"] == 1 else gguf.LlamaFileType.MOSTLY_Q4_0)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -169,11 +199,16 @@ def export(mlb_path: str | os.PathLike, gguf_path: str | os.PathLike) -> Path:
     for a in m.table:
         if a.part == "d" or a.name == "layer_flags":  # flags: all zero (_check), nothing to say
             continue
+        rotated = neox and a.matrix.rsplit(".", 1)[-1] in ROTATED
         if a.fmt == "F32":
-            w.add_tensor(gguf_name(a.name), np.asarray(m.arrays[a.name], dtype=np.float32))
+            v = np.asarray(m.arrays[a.name], dtype=np.float32)
+            w.add_tensor(gguf_name(a.name), neox_order(v, dv["head_dim"]) if rotated else v)
             continue
         fmt, q, d = m.matrix(a.matrix)
-        blocks = ggml_blocks(fmt, np.asarray(q), np.asarray(d), f"{m.path}: {a.matrix}")
+        q, d = np.asarray(q), np.asarray(d)
+        if rotated:
+            q, d = neox_order(q, dv["head_dim"]), neox_order(d, dv["head_dim"])
+        blocks = ggml_blocks(fmt, q, d, f"{m.path}: {a.matrix}")
         w.add_tensor(gguf_name(a.matrix), blocks, raw_dtype=qtypes[fmt])
 
     # Written beside the target and renamed, so no partial file is left behind.
