@@ -15,6 +15,8 @@ What it answers, and how llama.cpp is asked:
   quantize_q4_0  ggml_quantize_chunk(GGML_TYPE_Q4_0): the round rule without an importance
                  matrix (quantize_row_q4_0_ref); with one, ggml's importance-weighted search
                  (make_qx_quants), which is asked for the search rule
+  encode         the .mlt written as a vocabulary-only GGUF (vocab_gguf) and loaded by llama.cpp
+                 (vocab_only), then llama_tokenize with special tokens parsed
 Everything else is answered "unsupported".
 """
 
@@ -91,7 +93,7 @@ class Program:
     # -- ops
     def hello(self, req: dict) -> dict:
         return {"name": "llama.cpp (llama-cpp-python)", "version": self.llama_cpp.__version__,
-                "capabilities": ["forward", "quantize_q8_0", "quantize_q4_0"]}
+                "capabilities": ["forward", "quantize_q8_0", "quantize_q4_0", "encode"]}
 
     def quantize_q8_0(self, req: dict) -> dict:
         x = self._quant_rows(req)
@@ -130,10 +132,7 @@ class Program:
         llm = self.llama_cpp.Llama(model_path=str(gguf_path), n_ctx=ctx, n_batch=ctx, n_ubatch=ctx,
                                    n_threads=THREADS, n_threads_batch=THREADS, logits_all=True,
                                    verbose=False)
-        h = self.next_handle
-        self.next_handle += 1
-        self.handles[h] = {"llm": llm, "ctx": ctx, "gguf": gguf_path}
-        return {"handle": h, "vocab": llm.n_vocab(), "ctx": ctx}
+        return {"handle": self._add({"llm": llm, "ctx": ctx, "gguf": gguf_path}), "vocab": llm.n_vocab(), "ctx": ctx}
 
     def forward(self, req: dict) -> dict:
         s = self._model(req)
@@ -153,22 +152,50 @@ class Program:
         logits = np.asarray(llm.scores[pos:pos + len(toks)], dtype=np.float32)
         return {"logits": _b64(logits, "<f4"), "shape": [len(toks), vocab]}
 
+    def open_tokenizer(self, req: dict) -> dict:
+        from mlconf.tools import mlt
+        try:
+            tok = mlt.read(req["path"])
+        except (OSError, ValueError) as e:
+            raise Refused(f"{req['path']}: {e}") from None
+        gguf_path = Path(self.tmp.name) / f"{self.next_handle}.vocab.gguf"
+        vocab_gguf(tok, gguf_path)
+        llm = self.llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+        return {"handle": self._add({"llm": llm, "gguf": gguf_path, "n_vocab": tok.n_vocab})}
+
+    def encode(self, req: dict) -> dict:
+        s = self._model(req)
+        text = base64.b64decode(req["utf8"]) if req.get("utf8") is not None else req["text"].encode("utf-8")
+        # add_bos: the GGUF's add_bos_token (the .mlt's flag) decides; special: added tokens match
+        ids = s["llm"].tokenize(text, add_bos=True, special=True)
+        return {"ids": [int(i) for i in ids]}
+
+    def decode(self, req: dict) -> dict:
+        s = self._model(req)
+        return {"bytes": base64.b64encode(s["llm"].detokenize([int(i) for i in req["ids"]], special=True)).decode()}
+
     def reset(self, req: dict) -> dict:
         self._model(req)["llm"].reset()
         return {}
 
     def close(self, req: dict) -> dict:
         s = self.handles.pop(req["handle"], None)
-        if s is not None:
+        if s is not None:  # a model or a tokenizer
             s["llm"].close()
             s["gguf"].unlink(missing_ok=True)
         return {}
 
     # -- helpers
+    def _add(self, session: dict) -> int:
+        h = self.next_handle
+        self.next_handle += 1
+        self.handles[h] = session
+        return h
+
     def _model(self, req: dict) -> dict:
         s = self.handles.get(req["handle"])
         if s is None:
-            raise Refused(f"no open model with handle {req['handle']!r}")
+            raise Refused(f"no open model or tokenizer with handle {req['handle']!r}")
         return s
 
     @staticmethod
@@ -178,6 +205,72 @@ class Program:
         if not shape or shape[-1] % BLOCK or int(np.prod(shape)) != x.size:
             raise Refused(f"shape {shape}: {x.size} values, rows of a multiple of {BLOCK} expected")
         return x.reshape(-1, shape[-1])
+
+
+# .mlt byte-level flags (specs/mlt.yaml; ignore_merges included) -> llama.cpp's pre-tokenizer
+# (tokenizer.ggml.pre) with the same regex: gpt2_regex the GPT-2 one; none the Llama 3 one;
+# single_digits (with or without nfc) Qwen2's, which splits numbers into digits. llama.cpp fixes
+# ignore_merges per pre-tokenizer (llama-vocab.cpp: on for llama-bpe, off for gpt-2 and qwen2), so
+# the other combinations are unsupported. qwen2 does not NFC-normalize: where that departs from the
+# .mlt's nfc flag, the cases show it.
+PRE = {32: "gpt-2", 2: "llama-bpe", 16: "qwen2", 16 | 8: "qwen2"}
+FLAG_ADD_BOS, FLAG_IGNORE_MERGES, FLAG_PREFIX_FIRST_ONLY = 1, 2, 4
+ATTR_ADDED, ATTR_BYTE = 1, 2
+
+
+def vocab_gguf(tok, path: Path) -> Path:
+    """A vocabulary-only GGUF (architecture llama, no tensors) of an .mlt tokenizer, in llama.cpp's
+    terms: byte-level BPE as tokenizer.ggml.model gpt2 (pieces in GPT-2's byte-to-unicode text,
+    merges as "left right"); SentencePiece-style BPE as llama (SPM), each piece scored by the rank of
+    the merge that makes it (SPM merges the pair of highest score, BPE the pair of lowest rank: the
+    same order), byte tokens as <0xXX>. Added tokens are USER_DEFINED (matched in the text first).
+    NotHere for what llama.cpp has no pre-tokenizer for."""
+    import gguf
+
+    from mlconf.tools.convert_tokenizer import BYTE_TO_CHAR
+
+    w = gguf.GGUFWriter(path, "llama")
+    for key, v in (("context_length", 16), ("embedding_length", 32), ("block_count", 1),
+                   ("feed_forward_length", 32), ("attention.head_count", 1)):
+        w.add_uint32(f"llama.{key}", v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    types = [gguf.TokenType.USER_DEFINED if a == ATTR_ADDED else gguf.TokenType.BYTE if a == ATTR_BYTE
+             else gguf.TokenType.NORMAL for a, _ in tok.tokens]
+    if tok.kind == 2:
+        rest = tok.flags & ~FLAG_ADD_BOS
+        if rest not in PRE:
+            raise NotHere(f"flags {tok.flags:#x}: llama.cpp has no pre-tokenizer with this regex, digit rule "
+                          f"and ignore_merges")
+        texts = [p.decode("utf-8", "replace") if a == ATTR_ADDED else "".join(BYTE_TO_CHAR[b] for b in p)
+                 for a, p in tok.tokens]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(PRE[rest])
+        w.add_token_merges([f"{texts[left]} {texts[right]}" for left, right, _ in tok.merges])
+    else:
+        if tok.flags & FLAG_PREFIX_FIRST_ONLY:
+            raise NotHere(f"flags {tok.flags:#x}: prefix_first_only: llama.cpp's SentencePiece tokenizer puts "
+                          f"the U+2581 prefix before the text after every special token, and has no other mode")
+        texts = [f"<0x{p[0]:02X}>" if a == ATTR_BYTE else p.decode("utf-8", "replace") for a, p in tok.tokens]
+        scores = [-1e9] * tok.n_vocab
+        for rank, (_, _, merged) in enumerate(tok.merges):
+            scores[merged] = max(scores[merged], -float(rank))
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_scores(scores)
+        w.add_add_space_prefix(True)
+    w.add_token_list(texts)
+    w.add_token_types([int(t) for t in types])
+    if tok.bos >= 0:
+        w.add_bos_token_id(tok.bos)
+    if tok.eos >= 0:
+        w.add_eos_token_id(tok.eos)
+    w.add_add_bos_token(bool(tok.flags & FLAG_ADD_BOS))
+    w.add_add_eos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def serve(program: Program, lines, out) -> None:
