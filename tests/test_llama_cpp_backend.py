@@ -148,3 +148,39 @@ def test_tokenizer_cases_show_where_llama_cpp_departs(tmp_path):
     for name in ("mistral", "ignore_merges"):
         assert by(name) and all(r["outcome"] == "unsupported" for r in by(name).values()), name
     assert all(r["outcome"] in ("pass", "fail", "unsupported") for r in got.values())
+
+
+# The program with "last" pooling asked of llama.cpp as mean pooling: a plausible slip of a mapping
+MEAN_FOR_LAST = """
+import sys
+from mlconf.backends.llama_cpp import program
+program.POOLING["last"] = program.POOLING["mean"]
+sys.exit(program.main())
+"""
+
+
+def test_embeddings_of_the_teachers(tmp_path, monkeypatch):
+    """The F16 teacher GGUFs through llama.cpp's embedding path (norms written as F32, exactly):
+    every pooling, normalized or not, within the oracle's and the reference's tolerance; the I2_S
+    students and the f16 student (per-projection norms) unsupported, naming why; a NaN norm is
+    accepted (llama.cpp checks no weight), which fails its refusal case. With "last" pooled as mean
+    the "last" cases of more than one token fail: the comparison sees the pooling."""
+    got = _run_area(tmp_path, "bitnet", "embed")
+    teacher = {c: r for c, r in got.items() if "teacher" in c and "/refused/" not in c}
+    assert len(teacher) == 72 and all(r["outcome"] == "pass" for r in teacher.values()), \
+        {c: r["detail"] for c, r in teacher.items() if r["outcome"] != "pass"}
+    for c, r in got.items():
+        if "/refused/" not in c and ("i2s" in c or "qwen3_f16" in c):
+            assert r["outcome"] == "unsupported", (c, r["detail"])
+            assert ("type 36" in r["detail"] or "_norm_in" in r["detail"] or "reading" in r["detail"]), r["detail"]
+    assert got["bitnet/embed/refused/qwen3_teacher_f16/nan_norm"]["outcome"] == "fail"
+    assert all(r["outcome"] in ("pass", "fail", "unsupported") for r in got.values())
+
+    script = tmp_path / "mean_for_last.py"
+    script.write_text(MEAN_FOR_LAST, encoding="utf-8")
+    monkeypatch.setitem(backends._FACTORIES, "llama.cpp-mean",
+                        lambda name: CmdBackend(name, [sys.executable, str(script)]))
+    wrong = _run_area(tmp_path, "bitnet", "embed and teacher and last", "llama.cpp-mean", "wrong")
+    longer = {c: r for c, r in wrong.items() if "/refused/" not in c and "/0/" not in c}  # set 0: one token
+    assert len(longer) == 16 and all(r["outcome"] == "fail" for r in longer.values()), \
+        {c: r["outcome"] for c, r in longer.items()}

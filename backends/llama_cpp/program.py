@@ -17,6 +17,10 @@ What it answers, and how llama.cpp is asked:
                  (make_qx_quants), which is asked for the search rule
   encode         the .mlt written as a vocabulary-only GGUF (vocab_gguf) and loaded by llama.cpp
                  (vocab_only), then llama_tokenize with special tokens parsed
+  embed          the BitNet GGUF as it is, but for F16 norms written as F32 (stock_gguf: stock
+                 llama.cpp aborts on an f32 x f16 multiply), through llama.cpp's embedding path
+                 (embeddings on, the pooling asked for); an I2_S file is unsupported (stock ggml
+                 has no such type), and so is a reading other than the file's own
 Everything else is answered "unsupported".
 """
 
@@ -45,6 +49,10 @@ class Refused(Exception):
 
 class NotHere(Exception):
     """error kind "unsupported": llama.cpp cannot express the request"""
+
+
+class NonFinite(Exception):
+    """error kind "nonfinite": a NaN or an infinity came out"""
 
 
 def _array(req: dict, field: str, dtype: str) -> np.ndarray:
@@ -93,7 +101,7 @@ class Program:
     # -- ops
     def hello(self, req: dict) -> dict:
         return {"name": "llama.cpp (llama-cpp-python)", "version": self.llama_cpp.__version__,
-                "capabilities": ["forward", "quantize_q8_0", "quantize_q4_0", "encode"]}
+                "capabilities": ["forward", "quantize_q8_0", "quantize_q4_0", "encode", "embed"]}
 
     def quantize_q8_0(self, req: dict) -> dict:
         x = self._quant_rows(req)
@@ -174,14 +182,66 @@ class Program:
         s = self._model(req)
         return {"bytes": base64.b64encode(s["llm"].detokenize([int(i) for i in req["ids"]], special=True)).decode()}
 
+    def open_embedder(self, req: dict) -> dict:
+        path = req["path"]
+        if req.get("reading") not in (None, "float"):
+            raise NotHere(f"reading {req['reading']!r}: llama.cpp reads a GGUF one way, its own")
+        gguf_path = Path(self.tmp.name) / f"{self.next_handle}.embed.gguf"
+        stock_gguf(path, gguf_path)
+        first = self._embedding_context(gguf_path, None)
+        return {"handle": self._add({"llm": first, "gguf": gguf_path, "pooled": {None: first}}),
+                "dim": first.n_embd(), "vocab": first.n_vocab()}
+
+    def embed(self, req: dict) -> dict:
+        s = self._model(req)
+        pooling = req.get("pooling")
+        if pooling not in POOLING:
+            raise Refused(f"pooling {pooling!r}: one of {', '.join(map(str, POOLING))} expected")
+        if pooling not in s["pooled"]:
+            s["pooled"][pooling] = self._embedding_context(s["gguf"], pooling)
+        llm = s["pooled"][pooling]
+        toks = [int(t) for t in req["tokens"]]
+        if not toks:
+            raise Refused("no tokens")
+        bad = [t for t in toks if not 0 <= t < llm.n_vocab()]
+        if bad:
+            raise Refused(f"token {bad[0]} is outside [0, {llm.n_vocab()})")
+        if len(toks) > llm.n_ctx():
+            raise Refused(f"{len(toks)} tokens exceed the context of {llm.n_ctx()}")
+        llm._batch.reset()
+        llm._ctx.kv_cache_clear()
+        llm._batch.add_sequence(toks, 0, True)  # every token an output: the pooling reads them all
+        llm._ctx.decode(llm._batch)
+        ptr = self.llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
+        v = np.array(ptr[:llm.n_embd()], dtype=np.float32)
+        if not np.isfinite(v).all():
+            raise NonFinite("the pooled embedding is not finite")
+        if req.get("normalize"):  # as llama.cpp's embedding example (common_embd_normalize, L2)
+            n = np.float32(np.sqrt(np.sum(v.astype(np.float64) ** 2)))
+            v = v / n if n > 0 else v
+        return {"vector": _b64(v, "<f4")}
+
+    def _embedding_context(self, gguf_path: Path, pooling: str | None):
+        n_ctx = 512
+        try:
+            return self.llama_cpp.Llama(model_path=str(gguf_path), embedding=True, pooling_type=POOLING[pooling],
+                                        n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=THREADS,
+                                        n_threads_batch=THREADS, verbose=False)
+        except ValueError as e:  # llama_model_load failed: a model its architecture does not describe
+            extra = _unknown_tensors(gguf_path)
+            raise NotHere(f"llama.cpp does not load it ({e})" + (
+                f": tensors its architecture has no place for, e.g. {', '.join(extra[:3])} (a BitNet student's "
+                f"per-projection norms)" if extra else "")) from None
+
     def reset(self, req: dict) -> dict:
         self._model(req)["llm"].reset()
         return {}
 
     def close(self, req: dict) -> dict:
         s = self.handles.pop(req["handle"], None)
-        if s is not None:  # a model or a tokenizer
-            s["llm"].close()
+        if s is not None:  # a model, a tokenizer or an embedder (one context per pooling)
+            for llm in {id(x): x for x in (s["llm"], *s.get("pooled", {}).values())}.values():
+                llm.close()
             s["gguf"].unlink(missing_ok=True)
         return {}
 
@@ -273,6 +333,58 @@ def vocab_gguf(tok, path: Path) -> Path:
     return path
 
 
+# EmbedderSession poolings -> llama_pooling_type (None: the model's own, LLAMA_POOLING_TYPE_UNSPECIFIED)
+POOLING = {None: -1, "mean": 1, "cls": 2, "last": 3}
+
+
+def _unknown_tensors(path: Path) -> list[str]:
+    """Tensor names outside stock llama.cpp's qwen3 / gemma3 layers (e.g. BitNet's *_norm_in)."""
+    import gguf
+    return [t.name for t in gguf.GGUFReader(path).tensors if t.name.endswith("_norm_in.weight")]
+
+
+def stock_gguf(src: str, dst: Path) -> Path:
+    """A copy of GGUF ``src`` that stock llama.cpp loads: the same keys and tensors, the 1-D F16
+    ones (norms) as F32, exactly. Refused (input) when gguf-py cannot read it; NotHere for a tensor
+    type stock ggml lacks (bitnet.cpp's I2_S, type 36)."""
+    import gguf
+
+    from mlconf.tools.files import check_regular
+    why = check_regular(src)  # gguf-py would block on a FIFO
+    if why:
+        raise Refused(f"{src}: {why}")
+    try:
+        r = gguf.GGUFReader(src)
+    except ValueError as e:
+        if "GGMLQuantizationType" in str(e):
+            raise NotHere(f"{src}: a tensor type stock llama.cpp does not read ({e}; bitnet.cpp's I2_S is "
+                          f"type 36)") from None
+        raise Refused(f"{src}: not a GGUF gguf-py reads: {e}") from None
+    except OSError as e:
+        raise Refused(f"{src}: {e}") from None
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
+            continue
+        vtype = f.types[0]
+        w.add_key_value(key, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))
+        if t.tensor_type == gguf.GGMLQuantizationType.F16:
+            a = np.asarray(t.data, dtype=np.float16).reshape(shape)
+            w.add_tensor(t.name, a.astype(np.float32) if len(shape) == 1 else a)
+        elif t.tensor_type == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(t.name, np.asarray(t.data, dtype=np.float32).reshape(shape))
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_shape=shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 def serve(program: Program, lines, out) -> None:
     for line in lines:
         req = json.loads(line)
@@ -286,6 +398,8 @@ def serve(program: Program, lines, out) -> None:
             reply = {"id": rid, "ok": False, "error": {"kind": "input", "message": str(e)}}
         except NotHere as e:
             reply = {"id": rid, "ok": False, "error": {"kind": "unsupported", "message": str(e)}}
+        except NonFinite as e:
+            reply = {"id": rid, "ok": False, "error": {"kind": "nonfinite", "message": str(e)}}
         except Exception as e:  # llama.cpp or this program failed: the case is an error, the program goes on
             reply = {"id": rid, "ok": False, "error": {"kind": "internal", "message": f"{type(e).__name__}: {e}"}}
         out.write(json.dumps(reply) + "\n")
