@@ -6,7 +6,9 @@ Names:
 It is not built in (``mlconf run`` uses it only when named with -b). The backend is the cmd
 protocol's (mlconf.backends.cmd.CmdBackend) around the program of .program, so it runs in its own
 process with the same isolation, timeouts and error mapping as ``cmd:`` programs; what llama.cpp
-can be asked, and how, is written there.
+can be asked, and how, is written there. gguf_inputs.py writes the GGUF files it is handed (a
+tokenizer's vocabulary, a BitNet GGUF stock llama.cpp loads); replies.py holds the error kinds and
+the reply loop.
 """
 
 from __future__ import annotations
