@@ -76,8 +76,9 @@ def vocab_gguf(tok, path: Path) -> Path:
     return path
 
 
-def unknown_tensors(path: Path) -> list[str]:
-    """Tensor names outside stock llama.cpp's qwen3 / gemma3 layers (e.g. BitNet's *_norm_in)."""
+def bitnet_norms(path: Path) -> list[str]:
+    """The names of a BitNet student's per-projection norms (*_norm_in), which stock llama.cpp's
+    qwen3 / gemma3 layers have no place for."""
     import gguf
     return [t.name for t in gguf.GGUFReader(path).tensors if t.name.endswith("_norm_in.weight")]
 

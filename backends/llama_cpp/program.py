@@ -36,21 +36,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf_inputs import stock_gguf, unknown_tensors, vocab_gguf
+from ..cmd import pack, unpack
+from .gguf_inputs import bitnet_norms, stock_gguf, vocab_gguf
 from .replies import NonFinite, NotHere, Refused, serve
 
 BLOCK = 32
 GGML_TYPE_Q4_0, GGML_TYPE_Q8_0 = 2, 8
 BLOCK_BYTES = {GGML_TYPE_Q4_0: 2 + 16, GGML_TYPE_Q8_0: 2 + 32}
 THREADS = 1  # one thread: llama.cpp's results then cannot depend on the host's core count
-
-
-def _array(req: dict, field: str, dtype: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(req[field]), dtype=dtype).astype(np.dtype(dtype).newbyteorder("="))
-
-
-def _b64(a: np.ndarray, dtype: str) -> str:
-    return base64.b64encode(np.ascontiguousarray(a, dtype=dtype).tobytes()).decode("ascii")
 
 
 class Ggml:
@@ -102,13 +95,13 @@ class Program:
         if not req["f16"]:
             raise NotHere("ggml's Q8_0 stores f16 scales; f32 scales cannot be asked of it")
         q, d = self.ggml.quantize(GGML_TYPE_Q8_0, x, None)
-        return {"q": _b64(q.view(np.int8), "i1"), "d": _b64(d, "<u2")}
+        return {"q": pack(q.view(np.int8), "i1"), "d": pack(d, "<u2")}
 
     def quantize_q4_0(self, req: dict) -> dict:
         x = self._quant_rows(req)
         if not req["f16"]:
             raise NotHere("ggml's Q4_0 stores f16 scales; f32 scales cannot be asked of it")
-        imp = None if req.get("importance") is None else _array(req, "importance", "<f4")
+        imp = None if req.get("importance") is None else unpack(req, "importance", "<f4")
         if req["rule"] == "round" and imp is not None:
             raise NotHere("ggml's Q4_0 with an importance matrix runs its weighted search, not the round rule")
         if req["rule"] == "search" and imp is None:
@@ -116,7 +109,7 @@ class Program:
         if req["rule"] not in ("round", "search"):
             raise NotHere(f"rule {req['rule']!r}")
         q, d = self.ggml.quantize(GGML_TYPE_Q4_0, x, imp)
-        return {"q": _b64(q, "u1"), "d": _b64(d, "<u2")}
+        return {"q": pack(q, "u1"), "d": pack(d, "<u2")}
 
     def open_model(self, req: dict) -> dict:
         from mlconf.tools import gguf_export, mlb
@@ -152,7 +145,7 @@ class Program:
         llm.n_tokens = pos  # eval drops the cached positions from n_tokens on
         llm.eval(toks)
         logits = np.asarray(llm.scores[pos:pos + len(toks)], dtype=np.float32)
-        return {"logits": _b64(logits, "<f4"), "shape": [len(toks), vocab]}
+        return {"logits": pack(logits, "<f4"), "shape": [len(toks), vocab]}
 
     def open_tokenizer(self, req: dict) -> dict:
         from mlconf.tools import mlt
@@ -213,7 +206,7 @@ class Program:
         if req.get("normalize"):  # as llama.cpp's embedding example (common_embd_normalize, L2)
             n = np.float32(np.sqrt(np.sum(v.astype(np.float64) ** 2)))
             v = v / n if n > 0 else v
-        return {"vector": _b64(v, "<f4")}
+        return {"vector": pack(v, "<f4")}
 
     def _embedding_context(self, gguf_path: Path, pooling: str | None):
         n_ctx = 512
@@ -221,11 +214,12 @@ class Program:
             return self.llama_cpp.Llama(model_path=str(gguf_path), embedding=True, pooling_type=POOLING[pooling],
                                         n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=THREADS,
                                         n_threads_batch=THREADS, verbose=False)
-        except ValueError as e:  # llama_model_load failed: a model its architecture does not describe
-            extra = unknown_tensors(gguf_path)
-            raise NotHere(f"llama.cpp does not load it ({e})" + (
-                f": tensors its architecture has no place for, e.g. {', '.join(extra[:3])} (a BitNet student's "
-                f"per-projection norms)" if extra else "")) from None
+        except ValueError as e:  # llama_model_load failed
+            extra = bitnet_norms(gguf_path)
+            if extra:  # a model its architecture does not describe
+                raise NotHere(f"llama.cpp does not load it ({e}): its architecture has no place for a BitNet "
+                              f"student's per-projection norms, e.g. {', '.join(extra[:3])}") from None
+            raise Refused(f"llama.cpp refused the file: {e}") from None
 
     def reset(self, req: dict) -> dict:
         self._model(req)["llm"].reset()
@@ -254,7 +248,7 @@ class Program:
 
     @staticmethod
     def _quant_rows(req: dict) -> np.ndarray:
-        x = _array(req, "x", "<f4")
+        x = unpack(req, "x", "<f4")
         shape = [int(n) for n in req["shape"]]
         if not shape or shape[-1] % BLOCK or int(np.prod(shape)) != x.size:
             raise Refused(f"shape {shape}: {x.size} values, rows of a multiple of {BLOCK} expected")
