@@ -584,7 +584,7 @@ static void scratch_free(scratch *s) {
 static void *alloc(size_t n, size_t size, bool *ok) {
     bool ovf = false;
     size_t b = ml_mul_size(n, size, &ovf);
-    void *p = ovf ? NULL : malloc(b ? b : 1);
+    void *p = ovf ? NULL : ml_alloc_aligned(b); /* whole-row SIMD loads stay within cache lines */
     if (!p) *ok = false;
     return p;
 }
@@ -653,9 +653,7 @@ static void lin_rows(void *arg, int64_t r0, int64_t r1) {
                 for (; i + 2 <= nr; i += 2) {
                     const int8_t *x[8];
                     for (int u = 0; u < 8; u++) x[u] = q8 + (size_t)(t0 + u) * cols;
-                    int32_t o[16];
-                    k->dot_rows2x8(p->cols, p->packed + (size_t)(rt + i) * rb, x, o);
-                    for (int u = 0; u < 8; u++) acc[u][i] = o[u], acc[u][i + 1] = o[8 + u];
+                    k->dot_rows2x8(p->cols, p->packed + (size_t)(rt + i) * rb, x, &acc[0][i], ROW_TILE);
                 }
             for (; i < nr; i++) {
                 const uint8_t *w = p->packed + (size_t)(rt + i) * rb;

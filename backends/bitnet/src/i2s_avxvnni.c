@@ -64,8 +64,9 @@ static void dot4(int n, const uint8_t *w, const int8_t *const x[4], int32_t out[
 
 /* Two consecutive weight rows, eight activation rows (the prefill tile), one row at a time:
  * eight accumulators and a block's four code vectors fill twelve of the 16 YMM registers. */
-static void dot_rows2x8(int n, const uint8_t *w, const int8_t *const x[8], int32_t out[16]) {
+static void dot_rows2x8(int n, const uint8_t *w, const int8_t *const x[8], int32_t *out, size_t os) {
     const size_t rs = (size_t)(n / 4);
+    __m128i sums[2][2]; /* [row][tokens 0..3, 4..7] */
     for (int r = 0; r < 2; r++) {
         __m256i a[8];
         for (int t = 0; t < 8; t++) a[t] = _mm256_setzero_si256();
@@ -76,9 +77,11 @@ static void dot_rows2x8(int n, const uint8_t *w, const int8_t *const x[8], int32
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) a[t] = block_dot(a[t], c, x[t] + o);
         }
-        _mm_storeu_si128((__m128i *)(out + 8 * r), hsum8x4(a[0], a[1], a[2], a[3]));
-        _mm_storeu_si128((__m128i *)(out + 8 * r + 4), hsum8x4(a[4], a[5], a[6], a[7]));
+        sums[r][0] = hsum8x4(a[0], a[1], a[2], a[3]);
+        sums[r][1] = hsum8x4(a[4], a[5], a[6], a[7]);
     }
+    store_rows2(sums[0][0], sums[1][0], out, os, 0);
+    store_rows2(sums[0][1], sums[1][1], out, os, 4);
 }
 
 /* Four consecutive weight rows, one activation row (the matvec path), the next four rows

@@ -38,11 +38,12 @@ typedef struct {
      * activation row: out[t] = dot(n, w + t * (n / 4), x). The matvec path: each activation
      * block is loaded once for the four rows. */
     void (*dot_rows4)(int n, const uint8_t *w, const int8_t *x, int32_t out[4]);
-    /* Two consecutive packed rows against eight activation rows (the prefill tile): out[8r + t] =
-     * dot(n, w + r * (n / 4), x[t]). Each block is unpacked once for eight tokens and each
-     * activation vector loaded once for two rows. NULL in a table without one (AVX2, NEON):
-     * the prefill then runs dot4. */
-    void (*dot_rows2x8)(int n, const uint8_t *w, const int8_t *const x[8], int32_t out[16]);
+    /* Two consecutive packed rows against eight activation rows (the prefill tile): out[t * os + r]
+     * = dot(n, w + r * (n / 4), x[t]), written where the caller gathers each token's row dots (a
+     * copy after the call stalled on the stores' forwarding: 9-12 % of a prefill). Each block is
+     * unpacked once for eight tokens and each activation vector loaded once for two rows. NULL in
+     * a table without one (AVX2, NEON): the prefill then runs dot4. */
+    void (*dot_rows2x8)(int n, const uint8_t *w, const int8_t *const x[8], int32_t *out, size_t os);
     /* Float dots of the float reading (F16 / F32 weights) and of attention: sum_k w[k] * x[k]
      * over n >= 0 values in one fixed order on every ISA: element k goes to running sum k % 8
      * (product rounded, then added: no FMA), and the eight sums combine as ((s0 + s1) + (s2 + s3))

@@ -59,9 +59,9 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
     for (int t = 0; t < 4; t++) out[t] = dot(n, w + (size_t)t * (size_t)(n / 4), x);
 }
 
-static void dot_rows2x8(int n, const uint8_t *w, const int8_t *const x[8], int32_t out[16]) {
+static void dot_rows2x8(int n, const uint8_t *w, const int8_t *const x[8], int32_t *out, size_t os) {
     for (int r = 0; r < 2; r++)
-        for (int t = 0; t < 8; t++) out[8 * r + t] = dot(n, w + (size_t)r * (size_t)(n / 4), x[t]);
+        for (int t = 0; t < 8; t++) out[(size_t)t * os + (size_t)r] = dot(n, w + (size_t)r * (size_t)(n / 4), x[t]);
 }
 
 static float dot_f16(int n, const uint16_t *w, const float *x) {

@@ -32,4 +32,14 @@ static inline __m128i hsum8x4(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
 
+/* The prefill tile's stores: r0[i] and r1[i] (token t0 + i's dots with rows 0 and 1) go to
+ * out[(t0 + i) * os] and out[(t0 + i) * os + 1], two int32 a store. */
+static inline void store_rows2(__m128i r0, __m128i r1, int32_t *out, size_t os, int t0) {
+    const __m128 lo = _mm_castsi128_ps(_mm_unpacklo_epi32(r0, r1)), hi = _mm_castsi128_ps(_mm_unpackhi_epi32(r0, r1));
+    _mm_storel_pi((__m64 *)(out + (size_t)t0 * os), lo);
+    _mm_storeh_pi((__m64 *)(out + (size_t)(t0 + 1) * os), lo);
+    _mm_storel_pi((__m64 *)(out + (size_t)(t0 + 2) * os), hi);
+    _mm_storeh_pi((__m64 *)(out + (size_t)(t0 + 3) * os), hi);
+}
+
 #endif

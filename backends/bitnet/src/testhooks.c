@@ -8,8 +8,9 @@
  *   "dot":          a = packed row (n / 4 bytes), b = int8 x[n]; out = int32;
  *   "dot4":         a = packed row, b = four int8 rows x[4][n]; out = int32[4];
  *   "dot_rows4":    a = four packed rows (4 * n / 4 bytes), b = int8 x[n]; out = int32[4];
- *   "dot_rows2x8":  a = two packed rows, b = eight int8 rows x[8][n]; out = int32[16]
- *                   (ML_E_UNSUPPORTED if the table has none);
+ *   "dot_rows2x8":  a = two packed rows, b = eight int8 rows x[8][n]; out = int32[8][3]: token t's
+ *                   dots with rows 0 and 1 at [t][0] and [t][1] (the kernel's stride 3), [t][2]
+ *                   left as it was (ML_E_UNSUPPORTED if the table has none);
  *   "dot_f16":      a = f16 bits w[n], b = float x[n]; out = float;
  *   "dot_f32":      a = float w[n], b = float x[n]; out = float.
  *   "dot_f32x4":    a = float w[n], b = float x[4][n]; out = float[4];
@@ -22,7 +23,7 @@
  *   "norm_mul":     a = float v[n], b = {float r, float w[n]}; out = float (v * r) * w [n],
  *                   computed in place (out holds v first);
  *   "exp":          a = float x[n]; out = float i2s_exp(x) [n] (the header's formula, no table).
- * out holds at least 16 bytes (64 for dot_rows2x8). The integer dots need n a positive multiple of 128, the others n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
+ * out holds at least 16 bytes (96 for dot_rows2x8). The integer dots need n a positive multiple of 128, the others n >= 1. Returns ML_OK, ML_E_ARG (NULL pointer, n, unknown
  * op) or ML_E_UNSUPPORTED (ISA not built or not runnable on this CPU). The ISA in use (ml_isa) is
  * not changed.
  */
@@ -108,9 +109,10 @@ ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const vo
         if (t->dot_rows2x8 == NULL) return ML_E_UNSUPPORTED;
         const int8_t *x = b, *xs[8];
         for (int i = 0; i < 8; i++) xs[i] = x + (size_t)i * (size_t)n;
-        int32_t r16[16];
-        t->dot_rows2x8(n, a, xs, r16);
-        memcpy(out, r16, sizeof r16);
+        int32_t r24[24];
+        memcpy(r24, out, sizeof r24);
+        t->dot_rows2x8(n, a, xs, r24, 3);
+        memcpy(out, r24, sizeof r24);
         return ML_OK;
     }
     int32_t r[4];
