@@ -68,12 +68,18 @@ static size_t max4(size_t a, size_t b, size_t c, size_t d) {
     return m > d ? m : d;
 }
 
-/* zeroed n x size bytes, added to *total (when given); on failure (or an n x size that
- * overflows) NULL and *ok = false */
+/* zeroed n x size bytes on a cache-line boundary (whole-row SIMD loads then never straddle two
+ * lines), added to *total (when given); on failure (or an n x size that overflows) NULL and
+ * *ok = false */
 static void *alloc(size_t n, size_t size, bool *ok, size_t *total) {
-    void *p = size && n > SIZE_MAX / size ? NULL : calloc(n ? n : 1, size);
-    if (!p) *ok = false;
-    else if (total) *total += (n ? n : 1) * size;
+    size_t b = (n ? n : 1) * size;
+    void *p = size && n > SIZE_MAX / size ? NULL : ml_alloc_aligned(b);
+    if (!p) {
+        *ok = false;
+        return NULL;
+    }
+    memset(p, 0, b);
+    if (total) *total += b;
     return p;
 }
 
