@@ -379,12 +379,26 @@ def _required(values: list[str] | None) -> frozenset[str]:
 
 
 def cmd_report(args) -> int:
-    from mlconf import reports
+    from mlconf import conformance_table, reports
     try:
         docs = [reports.load(p) for p in args.results]
         doc = reports.merge(docs, args.results) if len(docs) > 1 else docs[0]
     except reports.ResultsError as e:
         raise UsageError(str(e)) from None
+    if args.update and not args.conformance:
+        raise UsageError("--update FILE: give the backend with --conformance NAME")
+    if args.conformance:
+        try:
+            table = conformance_table.render(doc, args.conformance)
+            if args.update:
+                conformance_table.update(args.update, table, args.conformance)
+        except conformance_table.TableError as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            from mlconf.tools.files import reason
+            raise UsageError(f"{args.update}: {reason(e)}") from None
+        print(f"updated {args.update}" if args.update else table, end="\n" if args.update else "")
+        return 0
     written = reports.write(doc, args.report, results_json=len(docs) > 1)
     print(f"reports: {', '.join(str(p) for p in written)}")
     return 0
@@ -784,6 +798,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "or merge several (the shards of one run) into one report")
     p.add_argument("results", metavar="RESULTS.json", nargs="+")
     p.add_argument("--report", default="reports", metavar="DIR", help="output folder (default: %(default)s)")
+    p.add_argument("--conformance", metavar="NAME", help="print backend NAME's conformance table (outcomes "
+                   "per area, its bit-exactness rows, each failing case's first differing detail) instead")
+    p.add_argument("--update", metavar="FILE", help="with --conformance: rewrite the table's marked block of "
+                   "FILE (the README's) instead of printing it")
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("diff", help="what regressed and what was fixed between two results.json")

@@ -23,7 +23,9 @@ HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 FIXTURES = ["q8_f16", "q4_round_f16", "q4_mask_b"]  # f16 scales; q4_mask_b mixes Q4_0 and Q8_0
 BASE = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab=35, max_seq=64,
             rope_theta=10000.0, norm_eps=1e-5, scale_f16=1)
-# Models written here: llama-style variants the exporter maps (header overrides, q4 rule).
+GEMMA = dict(act=1, post_norms=1, embed_scale=8.0, sliding_window=8, scale_f16=1)
+# Models written here: variants the exporter maps or refuses (header overrides with the layer flags
+# as "flags", q4 rule).
 CUSTOM = {
     "shared_q4_mask": ({"wtype": 2, "shared_classifier": 1, "q8_mask": 36}, "round"),
     "head_dim": ({"dim": 96, "head_dim": 32, "n_kv_heads": 4}, "search"),
@@ -36,23 +38,47 @@ CUSTOM = {
     "qwen2": ({"qkv_bias": 1}, "round"),
     "qwen3": ({"qk_norm": 1, "dim": 96, "head_dim": 32, "n_kv_heads": 4}, "search"),
     "bias_and_qk_norm": ({"qkv_bias": 1, "qk_norm": 1}, "round"),  # refused: no architecture has both
+    # Gemma: what llama.cpp's gemma2 / gemma3 fix (the embedding scale sqrtf(64) = 8, the attention
+    # scale 1/sqrt(head_dim), gemma2's caps and shared classifier) and a window on layer 0 only;
+    # gemma3's layer 0 turns by the local base unscaled, layer 1 by rope_theta with linear scaling.
+    "gemma2": ({**GEMMA, "attn_softcap": 50.0, "final_softcap": 30.0, "shared_classifier": 1,
+                "flags": [1, 0]}, "round"),
+    "gemma3": ({**GEMMA, "wtype": 2, "qk_norm": 1, "final_softcap": 15.0, "rope_theta": 1e6,
+                "rope_local_theta": 1e4, "rope_type": 2, "rope_factor": 4.0, "flags": [3, 0]}, "round"),
+    "gemma3_no_window": ({**GEMMA, "qk_norm": 1, "sliding_window": 0}, "search"),
+    "gemma2_no_window": ({**GEMMA, "attn_softcap": 20.0, "final_softcap": 10.0, "shared_classifier": 1,
+                          "sliding_window": 0}, "search"),
+    # refused: llama.cpp cannot say these
+    "gemma_embed_1": ({**GEMMA, "qk_norm": 1, "embed_scale": 1.0}, "round"),
+    "gemma_attn_scale": ({**GEMMA, "qk_norm": 1, "attn_scale": 0.2}, "round"),
+    "gemma2_uncapped": ({**GEMMA, "attn_softcap": 50.0, "shared_classifier": 1}, "round"),
+    "gemma3_capped": ({**GEMMA, "qk_norm": 1, "attn_softcap": 50.0}, "round"),
+    "gemma_local_full": ({**GEMMA, "qk_norm": 1, "rope_local_theta": 5e4, "flags": [1, 2]}, "round"),
+    "gemma_no_post_norms": ({**GEMMA, "qk_norm": 1, "post_norms": 0}, "round"),
+    "gemma_nope": ({**GEMMA, "qk_norm": 1, "flags": [1, 4]}, "round"),
 }
-REFUSED = ("rot_dim", "bias_and_qk_norm")
+REFUSED = ("rot_dim", "bias_and_qk_norm", "gemma_embed_1", "gemma_attn_scale", "gemma2_uncapped",
+           "gemma3_capped", "gemma_local_full", "gemma_no_post_norms", "gemma_nope")
 EXPORTED = FIXTURES + [n for n in CUSTOM if n not in REFUSED]
-ARCH = {"qwen2": "qwen2", "qwen3": "qwen3"}  # the others: llama
-# What llama.cpp's qwen2 and qwen3 rotate together are halves (i, i + head_dim / 2) of a head: the
-# exporter reorders these arrays' head rows from the .mlb's pairs (2i, 2i + 1) to that order.
+ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3",
+        "gemma3_no_window": "gemma3", "gemma2_no_window": "gemma2"}  # the others: llama
+# What llama.cpp's qwen2, qwen3 and gemma rotate together are halves (i, i + head_dim / 2) of a head:
+# the exporter reorders these arrays' head rows from the .mlb's pairs (2i, 2i + 1) to that order.
 NEOX_ROWS = ("wq", "wk", "bq", "bk", "q_norm", "k_norm")
 
 
 def _write(path: Path, header: dict, q4_rule: str, seed: int = 0) -> Path:
-    h = mlb.full_header({**BASE, "wtype": 1, **header})
+    header = dict(header)
+    flags = header.pop("flags", None)
+    h = mlb.full_header({**BASE, "wtype": 1, **header, "layer_flags": int(flags is not None or
+                                                                          bool(header.get("layer_flags")))})
+    flags = flags if flags is not None else [0] * h["n_layers"] if h["layer_flags"] else None
     rng = np.random.default_rng(seed)
     arrays = {}
     for name, (fmt, shape) in mlb.expected_arrays(h, None).items():
         sd, mean = (0.1, 1.0) if name.endswith("norm") else (0.05, 0.0)  # norms near 1, biases near 0
         arrays[name] = (mean + rng.normal(0, sd, shape)).astype(np.float32)
-    mlb.write(path, h, arrays, q4_rule=q4_rule, flags=[0] * h["n_layers"] if h["layer_flags"] else None)
+    mlb.write(path, h, arrays, q4_rule=q4_rule, flags=flags)
     return path
 
 
@@ -84,6 +110,8 @@ def _expected_names(m: mlb.Model) -> dict[str, str]:
             "ffn_norm": "ffn_norm", "ffn_gate": "w1", "ffn_down": "w2", "ffn_up": "w3"}
     if m.header["qk_norm"]:
         ours |= {"attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}
+    if m.header["post_norms"]:
+        ours |= {"post_attention_norm": "post_attn_norm", "post_ffw_norm": "post_ffn_norm"}
     for i in range(m.header["n_layers"]):
         names.update({f"blk.{i}.{k}.weight": f"layers.{i}.{v}" for k, v in ours.items()})
         if m.header["qkv_bias"]:
@@ -156,6 +184,25 @@ def test_hyperparameters(models, exported, name):
     if h["rope_type"] == 2:
         assert _field(r, f"{arch}.rope.scaling.type") == "linear"
         assert _field(r, f"{arch}.rope.scaling.factor") == np.float32(h["rope_factor"])
+    gemma = {"sliding_window", "sliding_window_pattern", "freq_base_swa", "logit_softcapping"}
+    if arch.startswith("gemma"):
+        flags = list(m.flags) if m.flags is not None else [0] * h["n_layers"]
+        swa = [bool(h["sliding_window"]) and bool(f & 1 or m.flags is None) for f in flags]
+        window = h["sliding_window"]
+        if arch == "gemma2" and not any(swa):  # every layer through a window no context reaches
+            swa, window = [True] * h["n_layers"], h["max_seq"]
+        if any(swa):
+            assert _field(r, f"{arch}.attention.sliding_window") == window
+            assert _field(r, f"{arch}.attention.sliding_window_pattern") == swa
+            local = h["rope_local_theta"] if any(f & 2 for f in flags) else h["rope_theta"]
+            assert _field(r, f"{arch}.rope.freq_base_swa") == np.float32(local)
+        else:
+            assert not any(k.endswith(("sliding_window", "freq_base_swa")) for k in r.fields)
+        for cap in ("attn", "final"):
+            key = f"{arch}.{cap}_logit_softcapping"
+            assert (_field(r, key) if key in r.fields else 0) == np.float32(h[f"{cap}_softcap"]), key
+    else:
+        assert not any(k.split(".")[-1] in gemma for k in r.fields)
     assert _field(r, "general.file_type") == (7 if h["wtype"] == 1 else 2)
     assert _field(r, "tokenizer.ggml.model") == "llama"
     assert len(_field(r, "tokenizer.ggml.tokens")) == h["vocab"]
@@ -187,7 +234,15 @@ def test_f32_scales_exact_in_f16_are_accepted(tmp_path):
 @pytest.mark.parametrize("name, words", [("q8_min", ["scale_f16 = 1", "not exact in f16"]),
                                          ("bias_and_qk_norm", ["qkv_bias and qk_norm"]),
                                          ("rope_yarn", ["yarn"]),
-                                         ("rot_dim", ["rot_dim = 8", "16 dims"])])
+                                         ("rot_dim", ["rot_dim = 8", "16 dims"]),
+                                         ("gemma_embed_1", ["embed_scale = 1.0", "sqrtf(dim) = 8.0"]),
+                                         ("gemma_attn_scale", ["attn_scale = 0.2", "0.25", "head_dim"]),
+                                         ("gemma2_uncapped", ["final_softcap = 0", "gemma2 always caps"]),
+                                         ("gemma3_capped", ["attn_softcap = 50.0", "gemma3 caps no"]),
+                                         ("gemma_local_full", ["layer 1", "base 50000", "full-attention",
+                                                               "freq_base_swa"]),
+                                         ("gemma_no_post_norms", ["post_norms = 0", "GELU"]),
+                                         ("gemma_nope", ["layers [1]", "NoPE"])])
 def test_refused(models, tmp_path, name, words):
     out = tmp_path / f"{name}.gguf"
     with pytest.raises(gguf_export.ExportError) as e:
@@ -247,6 +302,22 @@ def test_llama_cpp_sees_a_wrong_rope_pair_order(models, tmp_path, monkeypatch):
     toks = np.array([1, 5, 9, 20, 34, 3, 7, 11, 0, 2, 30, 17])
     got = llama_cpp_logits(gguf_export.export(models["q4_round_f16"], tmp_path / "halves.gguf"), toks)
     assert _nmse(got, Forward(m, float_mode=True).forward(toks, 0)) > 1e-3
+
+
+@pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python (extra 'bench') is not installed")
+def test_llama_cpp_sees_a_missing_window(models, tmp_path, monkeypatch):
+    """The same check fails a gemma2 export whose window pattern is dropped (every layer attending
+    to all keys): 24 tokens, where layer 0's window holds 8."""
+    from mlconf.bench import llama_cpp_logits
+
+    m = mlb.read(models["gemma2"])
+    toks = np.arange(24) * 7 % m.header["vocab"]
+    ref = Forward(m, float_mode=True).forward(toks, 0)
+    right = llama_cpp_logits(gguf_export.export(models["gemma2"], tmp_path / "right.gguf"), toks)
+    assert _nmse(right, ref) < 1e-3
+    monkeypatch.setattr(gguf_export, "sliding_layers", lambda m, flags: [False] * m.header["n_layers"])
+    got = llama_cpp_logits(gguf_export.export(models["gemma2"], tmp_path / "no_window.gguf"), toks)
+    assert _nmse(got, ref) > 1e-3
 
 
 @pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python (extra 'bench') is not installed")

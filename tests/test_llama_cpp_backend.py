@@ -184,3 +184,22 @@ def test_embeddings_of_the_teachers(tmp_path, monkeypatch):
     longer = {c: r for c, r in wrong.items() if "/refused/" not in c and "/0/" not in c}  # set 0: one token
     assert len(longer) == 16 and all(r["outcome"] == "fail" for r in longer.values()), \
         {c: r["outcome"] for c, r in longer.items()}
+
+
+def test_readme_conformance_table_is_the_run(tmp_path):
+    """The README's "Conformance of llama.cpp" block is `mlconf report --conformance llama.cpp` of a
+    run of llama.cpp beside native and the reference, regenerated here. Counts, case ids and bit-exact
+    details must be the same characters; floats (toleranced distances) within 20 %: every verdict
+    of the run keeps at least 25 % between its distance and its threshold (AMD EPYC: the closest
+    pass is at 0.75 of its nmse bound, the closest fail at 1.84 times it), so no host flips one."""
+    from pathlib import Path
+
+    from mlconf import conformance_table
+    cli.main(["run", "-b", "llama.cpp", "-b", "native", "-b", "reference", "--report", str(tmp_path / "r")])
+    doc = json.loads((tmp_path / "r" / "results.json").read_text(encoding="utf-8"))
+    got = conformance_table.render(doc, "llama.cpp")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    i, j = conformance_table.block(readme, "llama.cpp")
+    why = conformance_table.differences(readme[i:j], got, rtol=0.2)
+    assert why is None, f"README.md's llama.cpp table is not this run's ({why}); rewrite it with mlconf " \
+                        "report RESULTS.json --conformance llama.cpp --update README.md"

@@ -1,4 +1,4 @@
-"""Export an MLB v1 model to GGUF (llama.cpp's llama, qwen2 or qwen3 architecture) holding the same weights.
+"""Export an MLB v1 model to GGUF (llama.cpp's llama, qwen2, qwen3, gemma2 or gemma3) with the same weights.
 
     python tools/gguf_export.py MODEL.mlb OUT.gguf
 
@@ -8,7 +8,17 @@ the llama.cpp backend (backends/llama_cpp) to run the suite's models.
 
 What maps to what:
   - architecture: llama; qwen2 for q/k/v biases (qkv_bias); qwen3 for q/k norms (qk_norm, with
-    its head_dim as key_length / value_length).
+    its head_dim as key_length / value_length); a GELU model with post norms (act = 1, post_norms)
+    is gemma2, or gemma3 with q/k norms. What llama.cpp fixes in those (models/gemma2.cpp,
+    gemma3.cpp of the build) the .mlb must match, else the export is refused naming the field:
+    the embedding scale sqrtf(dim); the attention scale 1/sqrtf(head_dim) (1/sqrtf(dim / n_heads)
+    at the 27B's layer count: 46 for gemma2, 62 for gemma3); gemma2 always caps the attention
+    scores and the logits and shares the classifier with the embedding, gemma3 caps no attention
+    score. The sliding layers go as the per-layer pattern array, and llama.cpp gives exactly those
+    layers the second RoPE base (rope.freq_base_swa; gemma3 unscaled, gemma2 with the global
+    scaling): each layer's base and scaling must be the .mlb's (flag bit 1: rope_local_theta,
+    unscaled), so a local base on a full-attention layer, or sliding layers with two bases, is
+    refused.
   - matrices: the .mlb's quants and scales are copied, not requantized, into GGML blocks (Q8_0:
     f16 d then 32 int8; Q4_0: f16 d then 16 bytes, element j in the low nibble and j + 16 in the
     high one, the .mlb's own packing). GGML scales are f16, so the .mlb must store f16 scales
@@ -23,9 +33,9 @@ What maps to what:
   - tokenizer: a placeholder SentencePiece ("llama") vocabulary of `vocab` tokens (0 <unk>,
     1 <s>, 2 </s> as the format's BOS/EOS, 3 <0x0A> which llama.cpp looks up at load); enough
     to load the model and feed it token ids, not to tokenize text.
-Header features none of the three has (windows, layer flags, GELU, post norms, embedding or
-attention scales, softcaps, gates, linear attention, a rot_dim below head_dim) are refused with a
-message naming the field.
+Header features none of them has (gates, linear attention, NoPE layers, a rot_dim below head_dim;
+for the llama family also windows, layer flags, embedding or attention scales, softcaps) are
+refused with a message naming the field.
 """
 
 from __future__ import annotations
@@ -41,17 +51,22 @@ from mlconf.tools import mlb
 
 # The llama.cpp architectures written: the header fields each adds to llama's, and whether llama.cpp
 # rotates the halves (i, i + head_dim / 2) of a head (NEOX) rather than its pairs (2i, 2i + 1).
-ARCHS = {"llama": ((), False), "qwen2": (("qkv_bias",), True), "qwen3": (("qk_norm",), True)}
-# Header fields that must be zero (no architecture written has a counterpart).
-UNSUPPORTED = ("sliding_window", "act", "post_norms", "attn_scale",
-               "attn_softcap", "final_softcap", "attn_gate", "lin_k_heads", "lin_v_heads",
-               "lin_k_dim", "lin_v_dim", "lin_conv", "rope_local_theta")
+ARCHS = {"llama": ((), False), "qwen2": (("qkv_bias",), True), "qwen3": (("qk_norm",), True),
+         "gemma2": (("act", "post_norms"), True), "gemma3": (("act", "post_norms", "qk_norm"), True)}
+# Header fields that must be zero: no architecture written has a counterpart ...
+UNSUPPORTED = ("attn_gate", "lin_k_heads", "lin_v_heads", "lin_k_dim", "lin_v_dim", "lin_conv")
+# ... and those only the Gemma ones have.
+GEMMA_ONLY = ("sliding_window", "act", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
+              "rope_local_theta")
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's attention scale differs at this size
+FLAG_WINDOW, FLAG_LOCAL_ROPE, FLAG_NO_ROPE, FLAG_LINEAR = 1, 2, 4, 8
 # .mlb array or matrix -> llama.cpp tensor of a layer.
 LAYER_NAMES = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
                "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
                "w1": "ffn_gate.weight", "w2": "ffn_down.weight", "w3": "ffn_up.weight",
                "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
-               "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight"}
+               "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+               "post_attn_norm": "post_attention_norm.weight", "post_ffn_norm": "post_ffw_norm.weight"}
 # Arrays whose rows (or values) follow a head's dimensions: reordered for a NEOX architecture.
 ROTATED = ("wq", "wk", "bq", "bk", "q_norm", "k_norm")
 BLOCK = 32
@@ -106,24 +121,113 @@ def architecture(m: mlb.Model) -> str:
         if h[k]:
             raise ExportError(f"{m.path}: header {k} = {h[k]!r}: none of llama.cpp's {', '.join(ARCHS)} "
                               f"architectures (the ones exported) has a counterpart")
-    if h["embed_scale"] not in (0.0, 1.0):
-        raise ExportError(f"{m.path}: header embed_scale = {h['embed_scale']!r}: the architectures exported "
-                          f"do not scale the embedding")
     if h["rope_type"] == 3:
         raise ExportError(f"{m.path}: header rope_type = 3 (yarn) is not exported")
     if m.derived["rot_dim"] != m.derived["head_dim"]:  # llama.cpp: "invalid n_rot" otherwise
         raise ExportError(f"{m.path}: header rot_dim = {h['rot_dim']}: the architectures exported rotate "
                           f"whole heads ({m.derived['head_dim']} dims)")
-    if m.flags is not None and any(m.flags):
-        raise ExportError(f"{m.path}: layer flags {list(m.flags)}: the architectures exported have none")
+    flags = list(m.flags) if m.flags is not None else []
+    for bit, what in ((FLAG_NO_ROPE, "unrotated (NoPE)"), (FLAG_LINEAR, "linear-attention")):
+        layers = [i for i, f in enumerate(flags) if f & bit]
+        if layers:
+            raise ExportError(f"{m.path}: layer flags: layers {layers} are {what}; the architectures "
+                              f"exported have no such layer")
+    if h["act"] == 1 or h["post_norms"]:
+        return _gemma(m, flags)
+    for k in GEMMA_ONLY:
+        if h[k]:
+            raise ExportError(f"{m.path}: header {k} = {h[k]!r}: of llama.cpp's architectures exported only "
+                              f"gemma2 / gemma3 have it, and they need act = 1 (GELU) and post_norms")
+    if h["embed_scale"] not in (0.0, 1.0):
+        raise ExportError(f"{m.path}: header embed_scale = {h['embed_scale']!r}: the architectures exported "
+                          f"scale the embedding only in gemma2 / gemma3 (GELU, post norms)")
+    if any(flags):
+        raise ExportError(f"{m.path}: layer flags {flags}: the llama-family architectures have none")
     has = tuple(k for k in ("qkv_bias", "qk_norm") if h[k])
     arch = next((a for a, (fields, _) in ARCHS.items() if fields == has), None)
     if arch is None:
-        raise ExportError(f"{m.path}: header qkv_bias and qk_norm both set: no llama.cpp architecture has both")
+        raise ExportError(f"{m.path}: header qkv_bias and qk_norm both set: no llama.cpp architecture has "
+                          f"both")
     if h["rope_type"] == 1 and arch != "llama":  # only llama's loader reads rope_freqs
         raise ExportError(f"{m.path}: header rope_type = 1 (llama3) with {', '.join(has)}: llama.cpp reads "
                           f"rope_freqs for its llama architecture only")
     return arch
+
+
+def _gemma(m: mlb.Model, flags: list[int]) -> str:
+    """gemma2 or gemma3, when the .mlb matches what llama.cpp fixes in them (module docstring)."""
+    h, hd = m.header, m.derived["head_dim"]
+    if not (h["act"] == 1 and h["post_norms"]):
+        raise ExportError(f"{m.path}: header act = {h['act']}, post_norms = {h['post_norms']}: llama.cpp's "
+                          f"GELU architectures (gemma2, gemma3) have both GELU (act = 1) and post norms")
+    if h["qkv_bias"]:
+        raise ExportError(f"{m.path}: header qkv_bias = 1: llama.cpp's gemma2 / gemma3 have no q/k/v biases")
+    arch = "gemma3" if h["qk_norm"] else "gemma2"
+    embed = np.sqrt(np.float32(h["dim"]))  # llama.cpp: ggml_scale(inpL, sqrtf(n_embd))
+    if np.float32(h["embed_scale"] or 1.0) != embed:
+        raise ExportError(f"{m.path}: header embed_scale = {h['embed_scale']!r}: llama.cpp's {arch} scales "
+                          f"the embedding by sqrtf(dim) = {float(embed)!r}")
+    full = h["n_layers"] == GEMMA_27B_LAYERS[arch]
+    theirs = 1 / np.sqrt(np.float32(h["dim"] // h["n_heads"] if full else hd))
+    ours = h["attn_scale"] or 1 / np.sqrt(hd)
+    if abs(ours - theirs) > 1e-6 * theirs:
+        raise ExportError(f"{m.path}: header attn_scale = {h['attn_scale']!r}: llama.cpp's {arch} of "
+                          f"{h['n_layers']} layers scales the scores by {float(theirs):.9g} (1/sqrtf("
+                          f"{'dim / n_heads' if full else 'head_dim'}))")
+    if arch == "gemma2":
+        for k in ("attn_softcap", "final_softcap"):
+            if not h[k]:
+                raise ExportError(f"{m.path}: header {k} = 0: llama.cpp's gemma2 always caps (the attention "
+                                  f"scores and the logits)")
+        if not h["shared_classifier"]:
+            raise ExportError(f"{m.path}: header shared_classifier = 0: llama.cpp's gemma2 multiplies by the "
+                              f"embedding (it has no output matrix)")
+    elif h["attn_softcap"]:
+        raise ExportError(f"{m.path}: header attn_softcap = {h['attn_softcap']!r}: llama.cpp's gemma3 caps "
+                          f"no attention score")
+    if h["rope_type"] == 1:
+        raise ExportError(f"{m.path}: header rope_type = 1 (llama3): llama.cpp reads rope_freqs for its "
+                          f"llama architecture only")
+    rope_layers(m, arch, flags)
+    return arch
+
+
+def sliding_layers(m: mlb.Model, flags: list[int]) -> list[bool]:
+    """Per layer, whether it attends through the window (no flags: every layer, when there is one)."""
+    n, w = m.header["n_layers"], m.header["sliding_window"]
+    return [bool(w) and (not flags or bool(flags[i] & FLAG_WINDOW)) for i in range(n)]
+
+
+def llama_swa(m: mlb.Model, arch: str, flags: list[int]) -> tuple[list[bool], int]:
+    """llama.cpp's sliding-window pattern and window for a Gemma export: the .mlb's sliding layers.
+    gemma2 must have one (llama.cpp asserts it): a model without makes every layer slide through a
+    window of max_seq, which no context reaches (the KV cache holds at most max_seq positions)."""
+    swa = sliding_layers(m, flags)
+    if arch == "gemma2" and not any(swa):
+        return [True] * m.header["n_layers"], m.header["max_seq"]
+    return swa, m.header["sliding_window"]
+
+
+def rope_layers(m: mlb.Model, arch: str, flags: list[int]) -> float:
+    """rope.freq_base_swa for a Gemma export: llama.cpp gives the sliding layers that base (gemma3
+    unscaled, gemma2 with the global scaling) and the others rope_theta with the scaling. Each
+    layer's (base, scaled) must be the .mlb's; ExportError naming the first layer that differs."""
+    h = m.header
+    scaled = h["rope_type"] == 2 and h["rope_factor"] != 1.0
+    local = [bool(flags) and bool(f & FLAG_LOCAL_ROPE) for f in flags] or [False] * h["n_layers"]
+    ours = [(h["rope_local_theta"], False) if loc else (h["rope_theta"], scaled) for loc in local]
+    swa, _ = llama_swa(m, arch, flags)
+    base_swa = next((b for (b, _), s in zip(ours, swa, strict=True) if s), h["rope_theta"])
+    theirs = [(base_swa, scaled and arch == "gemma2") if s else (h["rope_theta"], scaled) for s in swa]
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if a != b:
+            def say(r):
+                return f"base {r[0]:g}{' scaled' if r[1] else ''}"
+            kind = "sliding" if swa[i] else "full-attention"
+            raise ExportError(f"{m.path}: layer {i} turns by RoPE {say(a)}; llama.cpp's {arch} gives a "
+                              f"{kind} layer {say(b)} (it ties the second base, rope.freq_base_swa, to the "
+                              f"sliding layers)")
+    return base_swa
 
 
 def neox_order(a: np.ndarray, head_dim: int) -> np.ndarray:
@@ -161,6 +265,7 @@ def export(mlb_path: str | os.PathLike, gguf_path: str | os.PathLike) -> Path:
     m = mlb.read(mlb_path)
     arch = architecture(m)
     neox = ARCHS[arch][1]
+    flags = list(m.flags) if m.flags is not None else []
     h, dv = m.header, m.derived
     qtypes = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
     out = Path(gguf_path)
@@ -184,6 +289,16 @@ def export(mlb_path: str | os.PathLike, gguf_path: str | os.PathLike) -> Path:
     if h["rope_type"] == 2:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(h["rope_factor"])
+    if arch.startswith("gemma"):
+        swa, window = llama_swa(m, arch, flags)
+        if any(swa):
+            w.add_sliding_window(window)
+            w.add_sliding_window_pattern(swa)
+            w.add_rope_freq_base_swa(rope_layers(m, arch, flags))
+        if h["attn_softcap"]:
+            w.add_attn_logit_softcapping(h["attn_softcap"])
+        if h["final_softcap"]:
+            w.add_final_logit_softcapping(h["final_softcap"])
     texts, scores, types = placeholder_vocab(h["vocab"])
     w.add_tokenizer_model("llama")
     w.add_token_list(texts)
