@@ -69,3 +69,54 @@ def test_real_tokenizer_matches_hf(name, packed, cases, tmp_path, record_propert
     finally:
         session.close()
     assert not wrong, f"{package} (native): {len(wrong)} of {len(cases)} texts differ: {wrong[:10]}"
+
+
+# llama.cpp 0.3.36 (llama-vocab.cpp) marks a vocabulary piece with one of these texts as an
+# end-of-generation control token even when the tokenizer has it as an ordinary piece, and then
+# matches it in text like an added token (special tokens parsed)
+LLAMA_CPP_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>",
+                       "<|eom_id|>", "<EOT>", "<|end_of_text|>", "<eos>")
+# what llama.cpp must give HF's ids on, per tokenizer: every text but the README's departures
+LLAMA_CPP_DEPARTS = {"llama2": set(), "llama3": {"unicode"}, "qwen3": {"unicode", "nfc", "eog"}}
+
+
+def _departure(tok, text: str, added: set[str]) -> str | None:
+    """Which of llama.cpp's departures (README, "llama.cpp backend") a text can meet: letters or
+    numbers newer than Python's Unicode 14.0 (llama.cpp's tables are older than HF's 16.0); text not
+    in NFC for a tokenizer with the nfc flag (llama.cpp's qwen2 pre-tokenizer has no NFC); an ordinary
+    piece that llama.cpp promotes to an end-of-generation token."""
+    import unicodedata
+
+    import unicodedataplus
+    if any(unicodedataplus.category(c)[0] in "LN" and unicodedata.category(c) == "Cn" for c in text):
+        return "unicode"
+    if tok.flags & 8 and unicodedata.normalize("NFC", text) != text:
+        return "nfc"
+    if any(t in text for t in LLAMA_CPP_EOG_TEXTS if t not in added):
+        return "eog"
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_llama_cpp_departs_from_hf_only_where_the_readme_says(name, packed, cases, tmp_path):
+    """llama.cpp (the `bench` extra) on the real tokenizers as GGUF vocabularies: HF's ids on every
+    text but the departures the README lists, each of which occurs (Llama 2: none)."""
+    pytest.importorskip("llama_cpp")
+    tokenizers = pytest.importorskip("tokenizers")
+    package, folder = packed[name]
+    tok = convert_tokenizer.build(folder / "tokenizer.json")
+    mlt.write(tmp_path / f"{name}.mlt", tok)
+    hf = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    added = {t.content for t in hf.get_added_tokens_decoder().values()}
+    backend = get("llama.cpp")
+    try:
+        session = backend.open_tokenizer(str(tmp_path / f"{name}.mlt"))
+        differ = {k: _departure(tok, t, added) for k, t in cases.items()
+                  if session.encode(t) != hf.encode(t, add_special_tokens=True).ids}
+        session.close()
+    finally:
+        backend.close()
+    print(f"{name}: {package}: llama.cpp gives other ids on {len(differ)} of {len(cases)} texts")
+    unexplained = [k for k, why in differ.items() if why not in LLAMA_CPP_DEPARTS[name]]
+    assert not unexplained, f"{package}: llama.cpp differs from HF on {unexplained[:10]}"
+    assert set(differ.values()) == LLAMA_CPP_DEPARTS[name], (package, sorted(set(differ.values())))
