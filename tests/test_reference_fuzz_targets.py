@@ -5,6 +5,7 @@ inputs seeded with the fixtures without a finding."""
 from __future__ import annotations
 
 import importlib
+import re
 import shutil
 import subprocess
 import sys
@@ -72,5 +73,7 @@ def test_a_short_campaign_finds_nothing(generated, tmp_path, name):
     r = subprocess.run([sys.executable, str(FUZZ / f"{name}.py"), f"-dict={dictionary}", "-runs=2000",
                         "-seed=1", "-max_len=65536", f"-artifact_prefix={tmp_path}/", str(corpus)],
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "Done 2000 runs" in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-3000:]
+    done = re.search(r"Done (\d+) runs", r.stderr)  # libFuzzer may finish a mutation round past -runs
+    assert done and int(done.group(1)) >= 2000, r.stderr[-3000:]  # seen: "Done 2155 runs"
     assert not list(tmp_path.glob("crash-*")), r.stderr[-3000:]
