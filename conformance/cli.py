@@ -227,12 +227,16 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_fixtures(args) -> int:
-    from mlconf import fixtures
+    from mlconf import cases, export
     out = output_folder(args.outdir)
-    fs = fixtures.generate(out)
-    kinds = Counter(f.kind for f in fs)
-    print(f"{out}: {len(fs)} fixtures ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}), "
-          f"manifest.json")
+    bad = [a for a in args.area or () if a not in cases.AREAS]
+    if bad:
+        raise UsageError(f"--area {bad[0]}: not an area (one of {', '.join(cases.AREAS)})")
+    m = export.export(out, sorted(set(args.area), key=cases.AREAS.index) if args.area else None)
+    kinds = Counter(f["kind"] for f in m["fixtures"])
+    areas = Counter(c["area"] for c in m["cases"])
+    print(f"{out}: {len(m['fixtures'])} fixtures ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}), "
+          f"{len(m['cases'])} cases ({', '.join(f'{n} {a}' for a, n in areas.items())}), manifest.json")
     return 0
 
 
@@ -761,8 +765,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", metavar="OUT.npz")
     p.set_defaults(fn=cmd_quantize)
 
-    p = sub.add_parser("fixtures", help="write every generated fixture and manifest.json")
+    p = sub.add_parser("fixtures", help="write every case of the suite as files (inputs, expected outputs) "
+                                        "and manifest.json, for runtimes that replay it without Python")
     p.add_argument("outdir")
+    p.add_argument("--area", action="append", metavar="AREA",
+                   help="only the cases of AREA (repeatable; default all; the fixtures are always written)")
     p.set_defaults(fn=cmd_fixtures)
 
     p = sub.add_parser("run", help="run the conformance suite and print a summary")
