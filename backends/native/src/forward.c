@@ -69,17 +69,13 @@ static size_t max4(size_t a, size_t b, size_t c, size_t d) {
 }
 
 /* zeroed n x size bytes on a cache-line boundary (whole-row SIMD loads then never straddle two
- * lines), added to *total (when given); on failure (or an n x size that overflows) NULL and
- * *ok = false */
+ * lines; freed by ml_free_aligned), added to *total (when given); on failure (or an n x size that
+ * overflows) NULL and *ok = false */
 static void *alloc(size_t n, size_t size, bool *ok, size_t *total) {
     size_t b = (n ? n : 1) * size;
-    void *p = size && n > SIZE_MAX / size ? NULL : ml_alloc_aligned(b);
-    if (!p) {
-        *ok = false;
-        return NULL;
-    }
-    memset(p, 0, b);
-    if (total) *total += b;
+    void *p = size && n > SIZE_MAX / size ? NULL : ml_calloc_aligned(b);
+    if (!p) *ok = false;
+    else if (total) *total += b;
     return p;
 }
 
@@ -711,26 +707,26 @@ size_t ml_forward_state_bytes(const struct ml_model *m) {
 
 void ml_forward_free(struct ml_model *m) {
     fstate *s = m->state;
-    free(m->imatrix);
+    ml_free_aligned(m->imatrix);
     m->imatrix = NULL;
     if (!s) return;
     if (s->layers)
         for (uint32_t l = 0; l < m->h.n_layers; l++) {
-            free(s->layers[l].k);
-            free(s->layers[l].v);
-            free(s->layers[l].conv);
-            free(s->layers[l].S);
+            ml_free_aligned(s->layers[l].k);
+            ml_free_aligned(s->layers[l].v);
+            ml_free_aligned(s->layers[l].conv);
+            ml_free_aligned(s->layers[l].S);
         }
-    free(s->layers);
+    ml_free_aligned(s->layers);
     for (int kind = 0; kind < 2; kind++) {
-        free(s->inv_freq[kind]);
-        free(s->cos[kind]);
-        free(s->sin[kind]);
+        ml_free_aligned(s->inv_freq[kind]);
+        ml_free_aligned(s->cos[kind]);
+        ml_free_aligned(s->sin[kind]);
     }
     float *scratch[] = {s->x, s->xb, s->xb2, s->q, s->gate, s->o, s->hb, s->hb2, s->beta, s->g, s->att, s->xd};
-    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) free(scratch[i]);
-    free(s->xq);
-    free(s->xs);
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) ml_free_aligned(scratch[i]);
+    ml_free_aligned(s->xq);
+    ml_free_aligned(s->xs);
     free(s);
     m->state = NULL;
 }
