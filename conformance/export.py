@@ -9,10 +9,9 @@ i8 u8 i32 u16 f32); models, tokenizers and GGUFs are the files themselves, texts
 bytes. Where ``mlconf run`` compares a case with the reference backend ("vs_reference"), the
 reference's output is written as the expectation (``"from": "reference"``).
 
-The bytes are the same on every run; they are the same on every host with AVX2 too, except that
-the reference's float outputs (the vs_reference logits and embeddings) follow NumPy's SIMD loops:
-they move in their last bits where NumPy runs without AVX2 (measured by disabling its AVX2 loops),
-which their tolerance absorbs.
+The bytes are the same on every run and every host: the reference's float math does not follow
+the host's NumPy loops or BLAS kernels (backends/reference/portable.py, decision
+reference.portable_math).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Shared fixtures of the unit tests: a generated fixture set, a scratch folder for hypothesis
-examples, and a hypothesis strategy of valid MLB v1 headers.
+examples, a hypothesis strategy of valid MLB v1 headers, and the environments that make NumPy and
+OpenBLAS take another host's loops.
 
 The strategy is written from the seed's header table (000_ff09b1667d2ad826.txt), not from the
 code under test: every value it draws satisfies every rule the seed states (and the decisions of
@@ -11,6 +12,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import platform
 import shutil
 import tempfile
 from pathlib import Path
@@ -177,3 +179,28 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "kernel tables")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def dispatch_variants() -> list[tuple[str, dict]]:
+    """Environments that make this host's NumPy and OpenBLAS take the loops and kernels of other
+    hosts: NumPy without its AVX-512 loops, without any beyond its baseline, and OpenBLAS's sgemm
+    for older and newer cores than this one (x86 cores this CPU can run). For the tests of an
+    output that must not depend on the host."""
+    try:  # NumPy 2; NumPy 1.26 names the package numpy.core
+        from numpy._core._multiarray_umath import __cpu_baseline__, __cpu_dispatch__, __cpu_features__
+    except ImportError:
+        from numpy.core._multiarray_umath import __cpu_baseline__, __cpu_dispatch__, __cpu_features__
+    extra = [f for f in __cpu_dispatch__ if __cpu_features__.get(f) and f not in __cpu_baseline__]
+    avx512 = [f for f in extra if f.startswith("AVX512") or f == "X86_V4"]
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    cores = [] if not x86 else ["Prescott"] + (["Haswell"] if __cpu_features__.get("AVX2") else []) + (
+        ["SkylakeX"] if __cpu_features__.get("AVX512_SKX") else [])
+    out = [(f"OpenBLAS {c}", {"OPENBLAS_CORETYPE": c}) for c in cores]
+    if avx512:
+        out.append(("NumPy without AVX-512", {"NPY_DISABLE_CPU_FEATURES": " ".join(avx512)}))
+    if extra:
+        oldest = {"OPENBLAS_CORETYPE": "Prescott"} if x86 else {}
+        out.append(("NumPy at its baseline, OpenBLAS Prescott",
+                    {"NPY_DISABLE_CPU_FEATURES": " ".join(extra), **oldest}))
+    return out

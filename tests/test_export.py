@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -123,12 +125,28 @@ def _digest(root: Path) -> str:
 def test_a_second_export_is_the_same_bytes(exported, tmp_path):
     """Deterministic: the same files with the same bytes (special files the same kind). The export
     runs no native code (its expectations are the catalogue's or the reference backend's), so the
-    native table this machine picks cannot enter it."""
+    native table this machine picks cannot enter it (`native:scalar` or `native`)."""
     out, _ = exported
     again = tmp_path / "again"
     again.mkdir()
     export.export(again)
     assert _digest(again) == _digest(out)
+
+
+def test_same_bytes_whichever_loops_numpy_and_openblas_take(exported, tmp_path, dispatch_variants):
+    """The reference's outputs (the vs_reference expectations) are the same bits when NumPy and
+    OpenBLAS take another host's loops and sgemm kernels (backends/reference/portable.py); with
+    NumPy's own exp and OpenBLAS's sgemm, 34 of them moved under OpenBLAS SkylakeX on AMD EPYC."""
+    out, _ = exported
+    picked = [v for v in dispatch_variants if v[0] in ("OpenBLAS SkylakeX", "OpenBLAS Prescott")]
+    picked += [v for v in dispatch_variants if v[0].startswith("NumPy at its baseline")]
+    print("variants:", [name for name, _ in picked])
+    for i, (name, env) in enumerate(picked):
+        again = tmp_path / f"v{i}"
+        argv = [sys.executable, "-m", "mlconf.cli", "fixtures", str(again)]
+        r = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        assert _digest(again) == _digest(out), name
 
 
 def test_size_stays_small(exported):

@@ -17,7 +17,8 @@ Decisions (documented here, tested in tests/test_bitnet_reference.py):
     are; f32/f16 (latent) weights are ternarized at load with the I2_S writer's rule.
   - "float": plain matmul with the stored weights in float32; when a weight is F16, the
     activations are rounded to f16 first, as llama.cpp's F16 matmul converts them (its
-    vec_dot_type), and the products are summed in float32. I2_S weights are dequantized (q * d).
+    vec_dot_type); the products are summed in float32 in k order (portable.matmul: the same bits
+    on every host). I2_S weights are dequantized (q * d).
   A file's own reading (``reading=None``) is bitnet.cpp's: ternary for I2_S, float for f32 and
   f16. The ternary reading of a float file needs the per-projection norms (a student).
 * Attention is causal for both architectures (llama.cpp's qwen3 / gemma3 graphs keep
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlconf.backends.base import NumericError
-from mlconf.backends.reference import i2s
+from mlconf.backends.reference import i2s, portable
 from mlconf.backends.reference.forward import gelu_tanh, rmsnorm, silu
 
 F32 = np.float32
@@ -77,7 +78,7 @@ class Linear:
         if reading == "float":
             if self.f16:
                 x = x.astype(np.float16).astype(F32)
-            return (x.astype(F32) @ self.weight.T).astype(F32)
+            return portable.matmul(x.astype(F32), self.weight)
         return i2s.bitlinear(np.ascontiguousarray(x, dtype=F32), self.runtime_payload(), self.shape)
 
 
@@ -172,10 +173,10 @@ def load_gguf(path) -> BitnetModel:
 def _rope(x: np.ndarray, pos: np.ndarray, base: float) -> np.ndarray:
     """Rotate-half RoPE over the whole head. x: (T, heads, hd) float32."""
     hd = x.shape[-1]
-    inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    inv = portable.pow64(base, -np.arange(0, hd, 2, dtype=np.float64) / hd)
     ang = pos[:, None].astype(np.float64) * inv[None, :]
-    c = np.cos(ang).astype(F32)[:, None, :]
-    s = np.sin(ang).astype(F32)[:, None, :]
+    cos, sin = portable.cos_sin64(ang)
+    c, s = cos.astype(F32)[:, None, :], sin.astype(F32)[:, None, :]
     h = hd // 2
     x1, x2 = x[..., :h], x[..., h:]
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(F32)
@@ -231,11 +232,11 @@ def embed(model: BitnetModel, tokens, pooling: str | None = None, normalize: boo
             mask = causal & (pos[:, None] - pos[None, :] < int(hp["window"]))
         rep = nh // nkv
         kk, v = np.repeat(kk, rep, axis=1), np.repeat(v, rep, axis=1)
-        s = np.einsum("qhd,khd->hqk", q, kk).astype(F32) * scale
+        s = portable.matmul(q.transpose(1, 0, 2), kk.transpose(1, 0, 2)) * scale  # (nh, n, n)
         s = np.where(mask[None], s, -np.inf)
-        s = np.exp(s - s.max(axis=-1, keepdims=True))
-        p = (s / s.sum(axis=-1, keepdims=True)).astype(F32)
-        a = np.einsum("hqk,khd->qhd", p, v).astype(F32).reshape(n, nh * hd)
+        s = portable.exp(s - s.max(axis=-1, keepdims=True))
+        p = (s / portable.sum_last(s)).astype(F32)
+        a = portable.matmul(p, v.transpose(1, 2, 0)).transpose(1, 0, 2).reshape(n, nh * hd)
         a = lin(b, "attn_output", a)
         if gemma:
             a = rmsnorm(a, T[f"{b}.post_attention_norm.weight"], eps)
@@ -253,7 +254,7 @@ def embed(model: BitnetModel, tokens, pooling: str | None = None, normalize: boo
     out = x.mean(axis=0) if pool == "mean" else x[0] if pool == "cls" else x[-1]
     out = out.astype(F32)
     if normalize:
-        out = out / F32(max(np.linalg.norm(out.astype(np.float64)), 1e-12))
+        out = out / F32(max(portable.norm(out), 1e-12))
     if not np.isfinite(out).all():
         raise NumericError("the pooled embedding is not finite (the model's values overflow float32)")
     return out.astype(F32)

@@ -17,7 +17,7 @@ from mlconf.tools import mlb
 from mlconf.tools.mlb import Imatrix
 
 from ..base import InputError, NumericError
-from . import quant
+from . import portable, quant
 
 F32 = np.float32
 
@@ -31,7 +31,7 @@ def rope_inv_freq(h: dict, rot_dim: int, local: bool) -> np.ndarray:
     """Inverse frequencies of the rot_dim/2 pairs (float64), scaled per rope_type (seed: RoPE)."""
     base = h["rope_local_theta"] if local else h["rope_theta"]
     i = np.arange(rot_dim // 2, dtype=np.float64)
-    inv = base ** (-2.0 * i / rot_dim)
+    inv = portable.pow64(base, -2.0 * i / rot_dim)
     rt = 0 if local else h["rope_type"]
     f = h["rope_factor"]
     if rt == 1:  # llama3
@@ -47,7 +47,7 @@ def rope_inv_freq(h: dict, rot_dim: int, local: bool) -> np.ndarray:
         orig = h["rope_orig_max_seq"]
 
         def d(r: float) -> float:
-            return rot_dim * math.log(orig / (2 * math.pi * r)) / (2 * math.log(base))
+            return rot_dim * portable.ln(orig / (2 * math.pi * r)) / (2 * portable.ln(base))
         lo = max(math.floor(d(beta_fast)), 0)
         hi = min(math.ceil(d(beta_slow)), rot_dim - 1)
         if hi == lo:
@@ -61,8 +61,9 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, inv: np.ndarray, mult: floa
     """Rotate interleaved pairs (2i, 2i+1) of the first 2*len(inv) dims of every head.
     x: (T, heads, head_dim) float32; positions: (T,) absolute."""
     ang = positions[:, None].astype(np.float64) * inv[None, :]
-    c = (np.cos(ang) * mult).astype(F32)[:, None, :]
-    s = (np.sin(ang) * mult).astype(F32)[:, None, :]
+    cos, sin = portable.cos_sin64(ang)
+    c = (cos * mult).astype(F32)[:, None, :]
+    s = (sin * mult).astype(F32)[:, None, :]
     n = 2 * len(inv)
     out = x.copy()
     x0, x1 = x[..., 0:n:2], x[..., 1:n:2]
@@ -78,23 +79,24 @@ def rmsnorm(v: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def silu(v: np.ndarray) -> np.ndarray:
-    return v / (F32(1) + np.exp(-v))
+    return v / (F32(1) + portable.exp(-v))
 
 
 def gelu_tanh(v: np.ndarray) -> np.ndarray:
-    return F32(0.5) * v * (F32(1) + np.tanh(F32(math.sqrt(2 / math.pi)) * (v + F32(0.044715) * v * v * v)))
+    inner = F32(math.sqrt(2 / math.pi)) * (v + F32(0.044715) * v * v * v)
+    return F32(0.5) * v * (F32(1) + portable.tanh(inner))
 
 
 def sigmoid(v: np.ndarray) -> np.ndarray:
-    return F32(1) / (F32(1) + np.exp(-v))
+    return F32(1) / (F32(1) + portable.exp(-v))
 
 
 def softplus(v: np.ndarray) -> np.ndarray:
-    return np.logaddexp(F32(0), v).astype(F32)
+    return portable.softplus(v)
 
 
 def softcap(v: np.ndarray, cap: float) -> np.ndarray:
-    return F32(cap) * np.tanh(v / F32(cap)) if cap else v
+    return F32(cap) * portable.tanh(v / F32(cap)) if cap else v
 
 
 # ---------------------------------------------------------------- state
@@ -166,7 +168,7 @@ class Forward:
         """W·x for every row of x (T, cols): runtime semantics quantize x to Q8_0 first."""
         w = self._prepared(name)
         if self.float_mode:
-            return x @ w[0].T
+            return portable.matmul(x, w[0])
         lv, dw = w
         bad = ~np.isfinite(x)
         if bad.any():  # decision forward.nonfinite: the quantizer's rule has no meaning for it
@@ -225,16 +227,16 @@ class Forward:
         keys = np.repeat(keys, group, axis=1)                      # (P, nh, hd)
         vals = np.repeat(vals, group, axis=1)
         scale = h["attn_scale"] or 1 / math.sqrt(hd)
-        s = np.einsum("thd,phd->htp", q, keys, dtype=F32) * F32(scale)
+        s = portable.matmul(q.transpose(1, 0, 2), keys.transpose(1, 0, 2)) * F32(scale)  # (nh, T, P)
         s = softcap(s, h["attn_softcap"])
         kpos = np.arange(pos + t)
         mask = kpos[None, :] <= positions[:, None]
         if self._windowed(i):
             mask &= positions[:, None] - kpos[None, :] < h["sliding_window"]
         s = np.where(mask[None], s, -np.inf)
-        s = np.exp(s - s.max(axis=-1, keepdims=True))
-        s = s / s.sum(axis=-1, keepdims=True)
-        o = np.einsum("htp,phd->thd", s, vals, dtype=F32).reshape(t, nh * hd)
+        s = portable.exp(s - s.max(axis=-1, keepdims=True))
+        s = s / portable.sum_last(s)
+        o = portable.matmul(s, vals.transpose(1, 2, 0)).transpose(1, 0, 2).reshape(t, nh * hd)
         if h["attn_gate"]:
             o = o * sigmoid(self.matmul(p + "wg", hn))
         self._record(i, "wo", o)
@@ -268,15 +270,15 @@ class Forward:
         rep = V // K
         q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)  # value head h uses h // rep
         beta = sigmoid(b)                                           # (T, V)
-        g = -np.exp(self._arr(p + "A_log")) * softplus(a + self._arr(p + "dt_bias"))
+        g = -portable.exp(self._arr(p + "A_log")) * softplus(a + self._arr(p + "dt_bias"))
         S = st.S.get(i, np.zeros((V, dk, dv), F32))
         out = np.empty((t, V, dv), F32)
         for s_ in range(t):  # the recurrence: one position after the other (seed, step 4)
-            S = S * np.exp(g[s_])[:, None, None]
-            kv_mem = np.einsum("hkv,hk->hv", S, k[s_])
+            S = S * portable.exp(g[s_])[:, None, None]
+            kv_mem = portable.matmul(k[s_][:, None, :], S.transpose(0, 2, 1))[:, 0]
             delta = (v[s_] - kv_mem) * beta[s_][:, None]
             S = S + k[s_][:, :, None] * delta[:, None, :]
-            out[s_] = np.einsum("hkv,hk->hv", S, q[s_])
+            out[s_] = portable.matmul(q[s_][:, None, :], S.transpose(0, 2, 1))[:, 0]
         st.S[i] = S.astype(F32)
         o = rmsnorm(out, self._arr(p + "lnorm"), h["norm_eps"]) * silu(z.reshape(t, V, dv))
         return self.matmul(p + "lout", o.reshape(t, V * dv))
