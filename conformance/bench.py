@@ -21,8 +21,16 @@ import numpy as np
 
 from mlconf.backends.base import NATIVE_ISAS
 from mlconf.backends.reference import quant
-from mlconf.bench_output import (REPEAT, Timing, document, interleaved, last_cache_bytes, section, take_turns,
-                                  timed)
+from mlconf.bench_output import (
+    REPEAT,
+    Timing,
+    document,
+    interleaved,
+    last_cache_bytes,
+    section,
+    take_turns,
+    timed,
+)
 from mlconf.bench_output import table as format_table
 
 BW_BYTES = 256 << 20

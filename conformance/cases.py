@@ -28,7 +28,7 @@ from mlconf.backends.reference import layout
 from mlconf.golden import GOLDEN_DIR
 
 AREAS = ("header", "loader", "quant", "forward", "tokenizer", "bitnet")
-FORWARD_MODES = ("prefill", "decode")   # runner.forward_calls: one call, or one token at a time
+FORWARD_MODES = ("prefill", "decode")   # areas/forward.py forward_calls: one call, or one token at a time
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ EMBED_SEQUENCES = 3                 # tokens_0 .. tokens_2 of golden/bitnet/NAME
 I2S_RANDOM = ((1, 128, 1), (3, 256, 2), (17, 384, 5), (64, 512, 7), (5, 1280, 3))
 # I2_S inputs every backend must refuse (specs/i2s.yaml `refused`): name -> (shape, NaN at flat index)
 I2S_REFUSED = {"cols_64": ((1, 64), None), "cols_130": ((2, 130), None), "nan_weight": ((2, 128), 77)}
-# damaged copies of a golden GGUF that open_embedder must refuse (runner.damage_gguf makes them)
+# damaged copies of a golden GGUF that open_embedder must refuse (areas/bitnet.py damage_gguf makes them)
 GGUF_DAMAGE = ("nan_norm", "truncated", "code3")
 # calls on a valid embedder that must raise InputError: name -> (tokens, pooling)
 EMBED_BAD_CALLS = {"no_tokens": ([], "mean"), "token_out_of_range": ([1, 2, None], "mean"),

@@ -72,7 +72,7 @@ def int_in(lo: int, hi: int, multiple: int = 1):
 
 def seconds(text: str) -> float:
     """An argparse type: a per-call timeout, above 0 and at most the native MAX_TIMEOUT."""
-    from mlconf.backends.native import MAX_TIMEOUT
+    from mlconf.backends.child import MAX_TIMEOUT
     try:
         v = float(text)
     except ValueError:
@@ -196,7 +196,7 @@ def _read_npy(path: str) -> np.ndarray:
 
 def _atomic_npy(path: str, save, *args, **kwargs) -> None:
     """np.save / np.savez into memory, then tools/mlb.py's atomic write (temporary file, rename)."""
-    from mlconf.tools.mlb import atomic_write
+    from mlconf.tools.files import atomic_write
     target = Path(path)
     if not target.resolve().parent.is_dir():
         raise UsageError(f"{path}: folder {target.resolve().parent} does not exist")
@@ -241,7 +241,7 @@ def cmd_fixtures(args) -> int:
 
 
 def summary_table(results) -> str:
-    from mlconf.runner import OUTCOMES
+    from mlconf.records import OUTCOMES
     rows = []
     keys = sorted({(r.backend, r.area) for r in results})
     for backend, area in keys:
@@ -546,32 +546,20 @@ def cmd_decode(args) -> int:
     return 0
 
 
-def gguf_text_ids(path: str, text: str) -> np.ndarray:
-    """`mlconf embed --text`: the ids of text in the GGUF's own vocabulary (reference/gguf_vocab.py:
-    Qwen3's byte-level BPE, Gemma 3's SentencePiece), BOS / EOS as the GGUF says."""
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        raise UsageError("--text reads the GGUF's tokenizer with gguf-py: pip install gguf, "
-                         "or give --tokens") from None
-    from mlconf.backends.reference import gguf_vocab
-
-    try:
-        out = gguf_vocab.encode(gguf_vocab.read(path), text)
-    except gguf_vocab.VocabError as e:
-        raise UsageError(str(e)) from None
-    if not out:
-        raise UsageError("--text: the text gives no tokens")
-    return np.array(out, dtype=np.int64)
-
-
 def cmd_embed(args) -> int:
     from mlconf.backends import InputError, NumericError, Unsupported
     input_file(args.model)
     if args.text is not None and not args.text:
         raise UsageError("--text: the text is empty (an embedding of no text is not defined)")
-    tokens = (parse_tokens(args.tokens) if args.tokens is not None
-              else gguf_text_ids(args.model, argument_text(args.text)))
+    if args.tokens is not None:
+        tokens = parse_tokens(args.tokens)
+    else:  # the ids of the text in the GGUF's own vocabulary
+        from mlconf.backends.reference import gguf_vocab
+
+        try:
+            tokens = np.array(gguf_vocab.text_ids(args.model, argument_text(args.text)), dtype=np.int64)
+        except gguf_vocab.VocabError as e:
+            raise UsageError(str(e)) from None
     b = _backend(args.backend)
     if "embed" not in b.capabilities:
         raise UsageError(f"backend {b.name} has no embed capability")
@@ -658,7 +646,7 @@ def cmd_bench(args) -> int:
     if before is not None:
         doc["sections"] += bench_output.compare(doc, before, args.compare)
     if out:
-        from mlconf.tools.mlb import atomic_write
+        from mlconf.tools.files import atomic_write
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, [bench_output.markdown(doc).encode()])
     if args.json:

@@ -84,3 +84,14 @@ def within(kind: str, d: dict) -> tuple[bool, str]:
     if "cosine" in tol and not d.get("cosine", 1.0) >= tol["cosine"]:
         over.append(f"cosine {d['cosine']:.9g} < {tol['cosine']}")
     return not over, "; ".join(over)
+
+
+def byte_distance(want: bytes, got: bytes) -> dict:
+    """differ: the bytes that differ (a length difference counts each missing byte); first_diff: the
+    first differing byte, or None when they are equal."""
+    a, b = np.frombuffer(want, np.uint8), np.frombuffer(got, np.uint8)
+    n = min(a.size, b.size)
+    diff = np.flatnonzero(a[:n] != b[:n])
+    differ = int(diff.size) + abs(a.size - b.size)
+    first = int(diff[0]) if diff.size else (n if a.size != b.size else None)
+    return {"differ": differ, "first_diff": first}

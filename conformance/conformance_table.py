@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from mlconf import records as rec
-from mlconf.tools.mlb import atomic_write
+from mlconf.tools.files import atomic_write
 
 BEGIN = "<!-- mlconf report --conformance {name}: begin -->"
 END = "<!-- mlconf report --conformance {name}: end -->"

@@ -28,7 +28,7 @@ import numpy as np
 from mlconf import cases as case_list
 from mlconf import fixtures, specs
 from mlconf.golden import GOLDEN_DIR
-from mlconf.tools.mlb import atomic_write
+from mlconf.tools.files import atomic_write
 
 FORMAT = "mlconf fixtures v2"
 DTYPES = {"i8": "<i1", "u8": "<u1", "i32": "<i4", "u16": "<u2", "f32": "<f4"}
@@ -180,7 +180,7 @@ class Exporter:
         }
 
     def _forward(self, case) -> dict:
-        from mlconf.runner import NonFinite
+        from mlconf.areas.forward import NonFinite
 
         p = case.params
         if "fixture" in p:
@@ -205,7 +205,7 @@ class Exporter:
         }
 
     def _bitnet(self, case) -> dict:
-        from mlconf.runner import _run_embed, _run_i2s
+        from mlconf.areas.bitnet import run_embed, run_i2s
 
         p, cid = case.params, case.id
         op = p["op"]
@@ -237,7 +237,7 @@ class Exporter:
                 }
             frm = "reference" if p.get("expected_from") else "spec"
             want = (
-                self.work.expected_from_reference(case, _run_i2s) if p.get("expected_from") else case.expected
+                self.work.expected_from_reference(case, run_i2s) if p.get("expected_from") else case.expected
             )
             if op == "pack":
                 outs = {"payload": self.raw(cid, "payload_out", want)}
@@ -283,7 +283,7 @@ class Exporter:
         want = (
             case.expected
             if case.expected is not None
-            else self.work.expected_from_reference(case, _run_embed)
+            else self.work.expected_from_reference(case, run_embed)
         )
         return {
             "op": "ml_embed",

@@ -16,7 +16,6 @@ import os
 import shutil
 import stat
 import struct
-import tempfile
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 from mlconf import byte_ops, mlt_fixtures, specs, versions
 from mlconf.backends.reference import layout
 from mlconf.tools import mlb
+from mlconf.tools.files import atomic_write, replacing
 
 
 @dataclass
@@ -247,19 +247,19 @@ def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fi
             continue
         pk = _path_kind(f.mutate)
         if pk is None and f.file.startswith("tokenizer/"):
-            mlb.atomic_write(target, [mlt_fixtures.content(f)])
+            atomic_write(target, [mlt_fixtures.content(f)])
             continue
         if pk is not None:
             make_special(target, pk)
             continue
-        mlb.atomic_write(target, [mutate(base_bytes(f.base), f.mutate)])
+        atomic_write(target, [mutate(base_bytes(f.base), f.mutate)])
     for f in fixtures:
         if f.file.endswith(".mlb"):
             _set_versions(f, versions.read_head(out / f.file))
     manifest = {"format": "mlconf fixtures v1", "spec": "MLB v1",
                 "statuses": specs.load("mlb_errors")["statuses"],
                 "fixtures": [asdict(f) for f in fixtures]}
-    mlb.atomic_write(out / "manifest.json", [json.dumps(manifest, indent=1).encode()])
+    atomic_write(out / "manifest.json", [json.dumps(manifest, indent=1).encode()])
     return fixtures
 
 
@@ -342,20 +342,15 @@ def cached() -> Path | None:
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=root))
-        try:
+        if final.exists() and not _intact(final):
+            shutil.rmtree(final, ignore_errors=True)
+        # one rename: a concurrent run sees all of the set or nothing
+        with replacing(final, folder=True) as tmp:
             made = generate(tmp)
             hashes = {p: _state(tmp / p) for f in made for p in (f.file, f.imatrix) if p}
             (tmp / _HASHES).write_text(json.dumps(hashes, indent=0, sort_keys=True), encoding="utf-8")
-            if final.exists() and not _intact(final):
-                shutil.rmtree(final, ignore_errors=True)
-            try:
-                os.rename(tmp, final)      # atomic: a concurrent run sees all of it or nothing
-            except OSError:
-                if not _intact(final):     # not another run's complete set: give up on the cache
-                    return None
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     except OSError:
-        return None
+        # another run's complete set got there first (the rename finds a full folder), or no
+        # usable cache folder: then the caller generates its own
+        return final if _intact(final) else None
     return final

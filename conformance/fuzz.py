@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from mlconf import byte_ops, fixtures, mlt_fixtures, specs
+from mlconf.areas.forward import forward_calls
 from mlconf.backends.reference import layout
 from mlconf.cases import FORWARD_MODES, Case
-from mlconf.runner import Result, Workdir, forward_calls, run_case
+from mlconf.runner import Result, Workdir, run_case
 
 AREAS = {"loader": ("load", ".mlb"), "tokenizer": ("load_tokenizer", ".mlt"), "forward": ("forward", ".mlb"),
          "i2s": ("i2s", "")}
@@ -245,7 +246,7 @@ def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, 
                      "backend": backend.name, "detail": res.detail}
             c.reproducers.append(entry)
             if corpus is not None:
-                from mlconf.tools.mlb import atomic_write
+                from mlconf.tools.files import atomic_write
                 (corpus / area).mkdir(parents=True, exist_ok=True)
                 atomic_write(corpus / entry["file"], [path.read_bytes()])
         work.close()
@@ -509,7 +510,7 @@ def summary_result(c: Campaign, backend_name: str) -> Result:
 
 
 def write_manifest(corpus: Path, campaigns: list[Campaign]) -> Path:
-    from mlconf.tools.mlb import atomic_write
+    from mlconf.tools.files import atomic_write
     doc = {"format": "mlconf fuzz corpus v1", "statuses": specs.load("mlb_errors")["statuses"],
            "campaigns": [{"area": c.area, "seed": c.seed, "mutants": c.mutants, "agreed": c.agreed}
                          for c in campaigns],

@@ -62,7 +62,7 @@ def _worst_arrays(pairs: list[tuple[Any, Any]]) -> dict:
 
 
 def _worst_bytes(pairs: list[tuple[Any, Any]]) -> dict:
-    from mlconf.runner import byte_distance
+    from mlconf.compare import byte_distance
     worst = {"differ_cases": 0, "max_differ": 0, "refusal_mismatch": 0}
     for a, b in pairs:
         if (a is None) != (b is None):
@@ -372,7 +372,7 @@ def _html(doc: dict) -> str | None:
 def write(doc: dict, outdir: str | Path, wall: float | None = None, results_json: bool = True) -> list[Path]:
     """Write results.json (unless rebuilding from it), summary.md, junit.xml and report.html into
     ``outdir`` (created), each atomically; returns the paths written."""
-    from mlconf.tools.mlb import atomic_write
+    from mlconf.tools.files import atomic_write
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     files: list[tuple[str, bytes]] = []

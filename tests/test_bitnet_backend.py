@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mlconf import cases, runner
+from mlconf.areas.bitnet import damage_gguf
 from mlconf.backends import BackendError, InputError, WorkerCrash, WorkerTimeout, builtin_names, get, native
 from mlconf.backends.bitnet import LIBRARY, bitnet_backend
 from mlconf.backends.native import abi, stale_sources
@@ -244,7 +245,7 @@ def test_embed_refuses_damaged_files(bitnet, tmp_path):
     for kind in cases.GGUF_DAMAGE:
         dst = tmp_path / f"{kind}.gguf"
         try:
-            runner.damage_gguf(src, dst, kind)
+            damage_gguf(src, dst, kind)
         except ValueError:
             continue                          # e.g. no I2_S tensor for code3
         with pytest.raises(InputError, match="ml_embed_load returned ML_E_"):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mlconf import cases, fixtures, fuzz, runner
+from mlconf.areas import forward as forward_area
 from mlconf.backends import InputError, NumericError, get
 from mlconf.backends.native import native_available
 from mlconf.backends.reference import ReferenceBackend
@@ -141,7 +142,7 @@ def test_nonfinite_logits_stand_where_the_reference_has_them():
         flipped = want.copy()
         flipped[~np.isfinite(flipped)] = 0.0
         r = runner.Result(case.id, "forward", case.spec, "x", "error", "toleranced")
-        runner._judge_forward(r, "logits_runtime_vs_reference", flipped, want)
+        forward_area.judge(r, "logits_runtime_vs_reference", flipped, want)
         assert r.outcome == "fail" and "non-finite values where the expectation differs" in r.detail
     finally:
         work.close()

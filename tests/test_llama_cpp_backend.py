@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mlconf import backends, cli
+from mlconf.backends import registry
 from mlconf.backends.cmd import CmdBackend
 
 pytestmark = pytest.mark.skipif(
@@ -80,7 +81,7 @@ def test_a_wrong_rope_layout_fails_the_forward_cases(tmp_path, monkeypatch):
     for the wrong pairing to leave its tolerance.)"""
     script = tmp_path / "halves.py"
     script.write_text(HALVES, encoding="utf-8")
-    monkeypatch.setitem(backends._FACTORIES, "llama.cpp-halves",
+    monkeypatch.setitem(registry._FACTORIES, "llama.cpp-halves",
                         lambda name: CmdBackend(name, [sys.executable, str(script)]))
     select = " or ".join(("q4_round_f16", "q4_mask_b", "qwen3_qk_norm_f16"))
     right = _run(tmp_path, "llama.cpp", select, "right")
@@ -178,7 +179,7 @@ def test_embeddings_of_the_teachers(tmp_path, monkeypatch):
 
     script = tmp_path / "mean_for_last.py"
     script.write_text(MEAN_FOR_LAST, encoding="utf-8")
-    monkeypatch.setitem(backends._FACTORIES, "llama.cpp-mean",
+    monkeypatch.setitem(registry._FACTORIES, "llama.cpp-mean",
                         lambda name: CmdBackend(name, [sys.executable, str(script)]))
     wrong = _run_area(tmp_path, "bitnet", "embed and teacher and last", "llama.cpp-mean", "wrong")
     longer = {c: r for c, r in wrong.items() if "/refused/" not in c and "/0/" not in c}  # set 0: one token

@@ -19,7 +19,15 @@ import numpy as np
 import pytest
 
 from mlconf import backends, cases, runner
-from mlconf.backends import BackendError, InputError, NumericError, Unsupported, WorkerCrash, cmd
+from mlconf.backends import (
+    BackendError,
+    InputError,
+    NumericError,
+    Unsupported,
+    WorkerCrash,
+    child,
+    entry_points,
+)
 from mlconf.backends.cmd import pack, unpack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +193,7 @@ def test_unknown_capability_names_are_ignored(misbehave):
 
 
 def test_crash_names_the_exit_status_and_quotes_stderr(misbehave, tmp_path, monkeypatch):
-    monkeypatch.setattr(cmd, "EXIT_WAIT", 0.3)
+    monkeypatch.setattr(child, "EXIT_WAIT", 0.3)
     work = runner.Workdir(tmp_path)
     r = runner.run_case(q8_case(1.0), misbehave, work)
     assert r.outcome == "crash"
@@ -293,10 +301,10 @@ def plugin_path(monkeypatch):
         monkeypatch.syspath_prepend(str(folder))
         importlib.invalidate_caches()
         added.append(folder)
-        backends._reset_plugins()
+        entry_points.reset()
 
     yield add
-    backends._reset_plugins()
+    entry_points.reset()
     for m in ("mlconf_example_q8", "mlconf_raising_plugin"):
         sys.modules.pop(m, None)
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mlconf import backends, cases, cli, reports, runner
+from mlconf import backends, cases, cli, forked, reports, runner
 from mlconf.backends import get
 from mlconf.backends.reference import ReferenceBackend
 
@@ -33,8 +33,7 @@ class Wrong(ReferenceBackend):
 def wrong_registered():
     backends.register("wrong-q8", lambda name: Wrong(), builtin=False)
     yield "wrong-q8"
-    backends._FACTORIES.pop("wrong-q8", None)
-    backends._BUILTIN.pop("wrong-q8", None)
+    backends.unregister("wrong-q8")
 
 
 def run_cli(tmp_path, *args, name="out"):
@@ -125,13 +124,13 @@ def test_timeout_sets_the_worker_timeout(tmp_path, monkeypatch, capsys):
 def test_forked_children_get_their_own_worker_with_the_timeout():
     b = get("native")
     b.timeout = 3.25
-    fresh = runner._fresh(b)
+    fresh = forked._fresh(b)
     try:
         assert fresh is not b and fresh.timeout == 3.25 and type(fresh) is type(b)
     finally:
         fresh.close()
     w = Wrong()
-    assert runner._fresh(w) is w          # not registered: the forked copy (in-process)
+    assert forked._fresh(w) is w          # not registered: the forked copy (in-process)
 
 
 def test_require_gates_only_the_named_capabilities(tmp_path, capsys):

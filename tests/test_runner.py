@@ -7,6 +7,7 @@ import numpy as np
 from mlconf import cases, runner
 from mlconf.backends import LoadResult, Unsupported
 from mlconf.backends.reference import ReferenceBackend
+from mlconf.compare import byte_distance
 
 
 class Wrong(ReferenceBackend):
@@ -145,8 +146,8 @@ def test_outputs_and_byte_distances_for_the_matrix():
     act = by[(sel[-1].id, "wrong")]        # vs_reference: not run on the reference itself
     assert (sel[-1].id, "reference") not in by and act.output_kind == "i2s bytes"
     assert len(act.output) == 3 and act.metrics["first_diff"] is None
-    assert runner.byte_distance(b"abcd", b"abXdZ") == {"differ": 2, "first_diff": 2}
-    assert runner.byte_distance(b"ab", b"ab") == {"differ": 0, "first_diff": None}
+    assert byte_distance(b"abcd", b"abXdZ") == {"differ": 2, "first_diff": 2}
+    assert byte_distance(b"ab", b"ab") == {"differ": 0, "first_diff": None}
 
 
 def test_distances_compare_non_finite_values_in_place():

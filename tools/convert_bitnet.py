@@ -33,8 +33,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ import numpy as np
 from mlconf.backends.reference import i2s
 from mlconf.tools import exits
 from mlconf.tools.convert import Checkpoint, ConvertError, _layer_types, read_config
-from mlconf.tools.files import read_regular
+from mlconf.tools.files import read_regular, replacing
 
 I2_S_TYPE = 36
 I2_S_BLOCK = 128       # values per packed block (32 bytes)
@@ -388,6 +388,18 @@ def add_tokenizer(w, folder: Path, arch: BitnetArch, n_vocab: int) -> dict[str, 
 
 
 # ---------------------------------------------------------------- convert
+@contextmanager
+def _closing_writer(writer):
+    """Close the file of GGUFWriter ``writer()`` when the block fails, before its temporary file is
+    removed (the writer would hold it open)."""
+    try:
+        yield
+    except BaseException:
+        for fh in getattr(writer(), "fout", None) or []:
+            fh.close()
+        raise
+
+
 def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16",
             f32_norms: bool = False) -> dict:
     """Write the GGUF of the checkpoint folder ``ckpt`` to ``out``; returns a summary (arch,
@@ -437,13 +449,8 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
     }
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    os.close(fd)
     w = None
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)   # mkstemp's 0600 -> what open() would give
+    with replacing(out) as tmp, _closing_writer(lambda: w):
         w = gguf.GGUFWriter(tmp, arch.gguf_arch)
         w.add_name(folder.name)
         w.add_file_type(FILE_TYPES[outtype])
@@ -490,13 +497,6 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
             else:
                 w.write_tensor_data(np.ascontiguousarray(fns[it.kind](x)))
         w.close()
-        os.replace(tmp, out)
-    except BaseException:
-        for fh in getattr(w, "fout", None) or []:   # the writer's handle, if it opened the file
-            fh.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return dict(arch=arch.gguf_arch, outtype=outtype, pooling=pooling, tensors=len(items),
                 rope_base=rope_base, rope_base_swa=local_base, eos=tok["eos"], **hp)
 

@@ -1,15 +1,25 @@
-"""Reading input files that may be anything a user passes: a FIFO, a device, a directory.
+"""How every input is opened and every output written.
 
-Every loader and command reads its inputs through ``open_regular`` (decision loader.special_files):
-a path that is not a regular file once symlinks are followed is refused before a byte is read,
-and the open itself cannot block (O_NONBLOCK: a FIFO with no writer would hang a plain open()).
+Inputs may be anything a user passes: a FIFO, a device, a directory. Every loader and command reads
+them through ``open_regular`` (decision loader.special_files): a path that is not a regular file
+once symlinks are followed is refused before a byte is read, and the open itself cannot block
+(O_NONBLOCK: a FIFO with no writer would hang a plain open()).
+
+Outputs are written through ``replacing`` (or ``atomic_write``, its face for bytes): into a
+temporary name beside the target, renamed over it in one step, so a failure or an interrupt
+leaves nothing half-written and a reader never sees a partial file.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import BinaryIO
 
 _KINDS = ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO"),
@@ -64,3 +74,45 @@ def reason(e: OSError) -> str:
     if isinstance(e, NotRegular):
         return e.strerror
     return e.strerror or str(e)
+
+
+# ---------------------------------------------------------------- outputs
+@contextmanager
+def replacing(path: str | os.PathLike, *, folder: bool = False, mode: int | None = 0o666) -> Iterator[Path]:
+    """A temporary path beside ``path`` (an empty file, or an empty folder when ``folder``) for the
+    block to write; renamed to ``path`` when the block ends without an error, removed otherwise.
+    A file gets ``mode`` less the umask (mkstemp makes 0600; a written model is an ordinary file;
+    None keeps what the writer gave it). An OSError of the temporary names ``path``."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        if folder:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".part", dir=parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=parent)
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as e:
+        raise type(e)(e.errno, e.strerror, str(path)) from None
+    try:
+        yield tmp
+        if mode is not None and not folder:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, mode & ~umask)
+        os.replace(tmp, path)
+    except BaseException as e:
+        if folder:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename in (None, str(tmp)):
+            raise type(e)(e.errno, e.strerror, str(path)) from None
+        raise
+
+
+def atomic_write(path: str | os.PathLike, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` to ``path`` through ``replacing``."""
+    with replacing(path) as tmp, open(tmp, "wb") as f:
+        for c in chunks:
+            f.write(c)

@@ -36,11 +36,18 @@ specs/unicode.json holds:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+try:
+    from mlconf.tools.files import atomic_write
+except ImportError:  # loaded by path by backends/native/build.py, before mlconf is installed
+    _spec = importlib.util.spec_from_file_location("_mlconf_files", Path(__file__).with_name("files.py"))
+    _files = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_files)
+    atomic_write = _files.atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "specs" / "unicode.json"
@@ -240,18 +247,8 @@ static const ml_uc_pair ml_uc_pairs[ML_UC_PAIRS] = {{
 
 
 def _write_text(out: str | Path, text: str) -> Path:
-    """Write text and rename it into place (nothing half-written on failure)."""
-    out = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    atomic_write(out, [text.encode("utf-8")])
+    return Path(out)
 
 
 def write(out: str | Path = DEFAULT_OUT) -> Path:

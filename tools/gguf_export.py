@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from mlconf.tools import mlb
+from mlconf.tools.files import replacing
 
 # The llama.cpp architectures written: the header fields each adds to llama's, and whether llama.cpp
 # rotates the halves (i, i + head_dim / 2) of a head (NEOX) rather than its pairs (2i, 2i + 1).
@@ -326,17 +327,13 @@ def export(mlb_path: str | os.PathLike, gguf_path: str | os.PathLike) -> Path:
         blocks = ggml_blocks(fmt, q, d, f"{m.path}: {a.matrix}")
         w.add_tensor(gguf_name(a.matrix), blocks, raw_dtype=qtypes[fmt])
 
-    # Written beside the target and renamed, so no partial file is left behind.
-    tmp = out.with_name(f".{out.name}.part")
-    try:
-        w.write_header_to_file(tmp)
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with replacing(out) as tmp:  # no partial file is left behind
+        try:
+            w.write_header_to_file(tmp)
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+        finally:
+            w.close()  # idempotent: the file is closed before the rename or the removal
     return out
 
 

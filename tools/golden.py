@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import os
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable
 from importlib import metadata
@@ -39,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from mlconf.golden import GOLDEN_DIR
+from mlconf.tools.files import atomic_write, replacing
 
 BLOCK = 32
 SEED = 20240611
@@ -189,22 +188,14 @@ def derive_i2s_mean() -> dict[str, np.ndarray]:
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """A deterministic .npz (fixed zip timestamps, so the same arrays give the same sha256),
     written to a temporary file and renamed."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w") as zf:
-            for name, arr in arrays.items():
-                buf = io.BytesIO()
-                np.lib.format.write_array(buf, np.asarray(arr), allow_pickle=False)
-                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-                info.compress_type = zipfile.ZIP_DEFLATED
-                info.external_attr = 0o644 << 16
-                zf.writestr(info, buf.getvalue(), compresslevel=9)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a golden is shared data
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with replacing(path) as tmp, open(tmp, "wb") as f, zipfile.ZipFile(f, "w") as zf:
+        for name, arr in arrays.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.asarray(arr), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, buf.getvalue(), compresslevel=9)
 
 
 def sha256(path: Path) -> str:
@@ -226,11 +217,7 @@ def update_manifest(manifest: Path, row: list[str]) -> None:
     rows = [r for r in rows if r[1] != row[1]] + [row]
     rows.sort(key=lambda r: r[1])
     text = "\n".join([MANIFEST_HEADER] + [" ".join(r) for r in rows]) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=manifest.parent, prefix="MANIFEST", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, manifest)
+    atomic_write(manifest, [text.encode("utf-8")])
 
 
 def generate_cases(names: list[str], out_dir: Path, default_dir: Path, derive, oracle: str, version: str,

@@ -49,6 +49,7 @@ import numpy as np
 
 from mlconf.golden import GOLDEN_DIR
 from mlconf.tools import bitnet_models, golden
+from mlconf.tools.files import atomic_write
 
 SEED = 7
 LENGTHS = (1, 5, 12)          # 12 exceeds Gemma 3's sliding window (8)
@@ -320,22 +321,9 @@ def derive_embeddings(name: str, out_dir: Path, pins_from: Path | None = None,
             arrays.update(pins.arrays())
         if stats is not None:
             stats[name] = pins.overridden
-        _replace(tmp_gguf, gguf_path)
+        atomic_write(gguf_path, [tmp_gguf.read_bytes()])
     golden.write_npz(npz, arrays)
     return gguf_path, npz
-
-
-def _replace(src: Path, dst: Path) -> None:
-    """Copy src to dst through a temporary file in dst's folder and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=dst.name, suffix=".tmp")
-    try:
-        with open(fd, "wb") as f:
-            f.write(src.read_bytes())
-        Path(tmp).chmod(0o644)
-        Path(tmp).replace(dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------- the packing oracle

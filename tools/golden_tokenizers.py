@@ -43,7 +43,7 @@ from pathlib import Path
 from mlconf import specs
 from mlconf.golden import GOLDEN_DIR
 from mlconf.tools import golden
-from mlconf.tools.mlb import atomic_write
+from mlconf.tools.files import atomic_write
 
 SEED = 20240611
 N_LINES = 2500

@@ -18,7 +18,6 @@ import numbers
 import os
 import struct
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from mlconf.backends.reference import layout, loader, quant
+from mlconf.tools.files import atomic_write
 
 
 class MLBError(ValueError):
@@ -138,27 +138,6 @@ def _check_imatrix(im: Imatrix, h: dict, name: str) -> None:
 
 
 # ---------------------------------------------------------------- writer
-def atomic_write(path: str | os.PathLike, chunks) -> None:
-    """Write chunks to a temporary file beside ``path`` and rename it into place."""
-    path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent or ".")
-    except OSError as e:     # the error names the output, not the temporary file
-        raise type(e)(e.errno, e.strerror, str(path)) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for c in chunks:
-                f.write(c)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written model is an ordinary file
-        os.replace(tmp, path)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise type(e)(e.errno, e.strerror, str(path)) from None
-        raise
 
 
 U32_MAX = 2**32 - 1

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mlconf.tools.mlb import atomic_write
+from mlconf.tools.files import atomic_write
 
 HEADER = struct.Struct("<4sIIIIiiI")   # magic version kind n_vocab n_merges bos eos flags
 MAGIC = b"MLT1"

@@ -40,6 +40,7 @@ WORKER_MAIN = HERE / "worker_main.c"
 UNICODE_TABLES = SRC / "unicode_tables.h"
 UNICODE_GENERATOR = HERE.parents[1] / "tools" / "gen_unicode_tables.py"
 UNICODE_DATA = HERE.parents[1] / "specs" / "unicode.json"
+FILES = HERE.parents[1] / "tools" / "files.py"  # replacing(): loaded by path, like the generator
 CFLAGS = ["-std=c11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-fvisibility=hidden"]
 SANITIZE = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer"]   # --sanitize and the fuzz targets
@@ -124,6 +125,15 @@ def build(out: str | Path | None = None, *, lib: str = "mlrt", cc: str | None = 
     return _compile_link(cc, flags, sources(machine, lib), ["-shared"], out)
 
 
+def _by_path(name: str, path: Path):
+    """A module of mlconf loaded from its file: this script runs before mlconf is importable (the
+    package's build, setup.py)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def unicode_tables() -> Path:
     """Write src/unicode_tables.h with the generator (loaded by path, in this process) unless it
     is newer than the generator and specs/unicode.json."""
@@ -135,9 +145,7 @@ def unicode_tables() -> Path:
         if out.exists():
             return out
         raise BuildError(f"{out} is missing and {' or '.join(str(p) for p in inputs)} is not there")
-    spec = importlib.util.spec_from_file_location("_mlconf_gen_unicode_tables", UNICODE_GENERATOR)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _by_path("_mlconf_gen_unicode_tables", UNICODE_GENERATOR)
     try:
         return mod.write(out)
     except OSError as e:
@@ -157,7 +165,6 @@ def _compile_link(cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]],
     """Compile each (source, ISA flags) in a temporary folder beside ``out``, link, and rename the
     result into place at once, so a process that has the previous file loaded is not disturbed."""
     build_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.obj", dir=out.parent))
-    tmp = build_dir / out.name
     try:
         if any(src.parent == SRC for src, _ in srcs):
             unicode_tables()
@@ -167,8 +174,9 @@ def _compile_link(cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]],
             _run([*shlex.split(cc), *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o",
                   str(obj)])
             objs.append(str(obj))
-        _run([*shlex.split(cc), *flags, *link_flags, "-o", str(tmp), *objs, "-lm", "-lpthread"])
-        os.replace(tmp, out)
+        # a library or an executable: rwx less the umask
+        with _by_path("_mlconf_files", FILES).replacing(out, mode=0o777) as tmp:
+            _run([*shlex.split(cc), *flags, *link_flags, "-o", str(tmp), *objs, "-lm", "-lpthread"])
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
     return out

@@ -24,16 +24,15 @@ import hashlib
 import os
 import shutil
 import struct
-import subprocess
 import time
-import weakref
 from pathlib import Path
 
 import numpy as np
 
 from ..base import BackendError, InputError, WorkerTimeout
+from ..child import EOF, STARTUP_TIMEOUT, Timeout, write_all
 from .abi import status_name
-from .worker import _EOF, STARTUP_TIMEOUT, Worker, _reap, _Timeout, stderr_file
+from .worker import Worker
 
 HERE = Path(__file__).resolve().parent
 CC = "aarch64-linux-gnu-gcc"
@@ -252,12 +251,8 @@ class QemuWorker(Worker):
             self.info = {"symbols": [], "version": "", "isa": "", "isa_error": why}
             return self.info
         cmd = command(worker_executable())
-        self._err = stderr_file()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._err, bufsize=0, close_fds=True)
-        self.epoch += 1
+        self._spawn(cmd)
         self._vocab = {}
-        self._finalizer = weakref.finalize(self, _reap, self.proc)
         try:
             st, version, isa, symbols = self._request("start", "info", (self.isa or "",),
                                                       max(self.timeout, STARTUP_TIMEOUT))
@@ -292,13 +287,9 @@ class QemuWorker(Worker):
         payload = _encode(op, args)
         if len(payload) > U32:
             raise InputError(f"{desc}: a request of {len(payload)} bytes is above the protocol's 4 GiB")
-        os.ftruncate(self._err.fileno(), 0)
+        self._new_call()
         try:
-            fd = self.proc.stdin.fileno()
-            for chunk in (HEAD.pack(OPS[op], len(payload)), payload):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
+            write_all(self.proc.stdin.fileno(), HEAD.pack(OPS[op], len(payload)) + payload)
         except BrokenPipeError:
             raise self._died(desc) from None
         status, body = self._receive(desc, timeout)
@@ -318,10 +309,10 @@ class QemuWorker(Worker):
         try:
             status, n = HEAD.unpack(self._read(HEAD.size, deadline))
             return status, self._read(n, deadline)
-        except _Timeout:
+        except Timeout:
             self.stop_hard()
             raise WorkerTimeout(f"worker timed out after {timeout:g} s during {desc}; killed") from None
-        except _EOF:
+        except EOF:
             raise self._died(desc) from None
 
 

@@ -27,55 +27,37 @@ quotes the sanitizer's SUMMARY line.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import os
 import pickle
 import re
-import select
-import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
-import weakref
 from typing import Any
 
 from ..base import BackendError, WorkerCrash, WorkerTimeout
+from ..child import (
+    EOF,
+    EXIT_WAIT,
+    STARTUP_TIMEOUT,
+    Child,
+    Timeout,
+    read_some,
+    signal_name,
+    wait_exit,
+    write_all,
+)
 
 HEADER = struct.Struct("<Q")
-STARTUP_TIMEOUT = 30.0   # seconds for a worker to start and dlopen (at least; the call timeout if longer)
-STDERR_TAIL = 1500       # characters of the worker's stderr quoted in a crash message
 ENTRY = "import sys; from mlconf.backends.native.worker import main; sys.exit(main())"
-
-
-def stderr_file():
-    """A temporary file for a worker's stderr, opened O_APPEND: truncating it between calls (to
-    quote only what the last call wrote) keeps the worker's writes at offset 0."""
-    f = tempfile.TemporaryFile()
-    fcntl.fcntl(f.fileno(), fcntl.F_SETFL, fcntl.fcntl(f.fileno(), fcntl.F_GETFL) | os.O_APPEND)
-    return f
-
-
-def stderr_tail(f) -> str:
-    """The last STDERR_TAIL characters a worker wrote to its stderr file ``f`` ("" for None)."""
-    if f is None:
-        return ""
-    f.seek(0, os.SEEK_END)
-    size = f.tell()
-    f.seek(max(0, size - 4 * STDERR_TAIL))
-    text = f.read().decode("utf-8", "replace").strip()
-    return ("..." + text[-STDERR_TAIL:]) if len(text) > STDERR_TAIL else text
 
 
 # ---------------------------------------------------------------- framing
 def _write_msg(fd: int, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    for chunk in (HEADER.pack(len(data)), data):
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(fd, view):]
+    write_all(fd, HEADER.pack(len(data)) + data)
 
 
 def _read_blocking(fd: int, n: int) -> bytes | None:
@@ -362,26 +344,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---------------------------------------------------------------- the harness side
-class _Timeout(Exception):
-    pass
-
-
-class _EOF(Exception):
-    pass
-
-
-def _reap(proc: subprocess.Popen) -> None:
-    """Stop a worker: end of input first (it exits 0), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    try:
-        proc.stdin.close()
-        proc.wait(timeout=2)
-    except (OSError, subprocess.TimeoutExpired):
-        proc.kill()
-        proc.wait()
-
-
 @functools.lru_cache(maxsize=32)
 def _sanitizer_preload(lib_path: str, mtime: float) -> str:
     """The ASan runtime a library was linked with (build.py --sanitize), or "". It must come first
@@ -408,40 +370,21 @@ def _worker_env(lib_path: str) -> dict[str, str] | None:
     return env
 
 
-def signal_name(returncode: int) -> str:
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-
-
-class Worker:
+class Worker(Child):
     """A worker process for one library (and one forced ISA), started on first use and again after
     it died. ``call`` raises WorkerCrash / WorkerTimeout / BackendError as the module doc says."""
 
     def __init__(self, lib_path: str, isa: str | None = None, timeout: float = 60.0):
-        self.lib_path, self.isa, self.timeout = lib_path, isa, timeout
-        self.proc: subprocess.Popen | None = None
-        self.epoch = 0            # workers started so far; a handle is valid for one epoch
-        self.info: dict = {}
+        super().__init__(timeout)
+        self.lib_path, self.isa = lib_path, isa
         self.setup: list[tuple[str, tuple]] = []   # calls made again on every fresh worker
-        self._err = None
-        self._finalizer = None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> dict:
         """Start a fresh worker and return its info; BackendError if the library cannot load."""
-        self.stop()
-        self._err = stderr_file()
         cmd = [sys.executable, "-P", "-c", ENTRY, self.lib_path]
         if self.isa:
             cmd += ["--isa", self.isa]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-                                     bufsize=0, close_fds=True, env=_worker_env(self.lib_path))
-        self.epoch += 1
-        self._finalizer = weakref.finalize(self, _reap, self.proc)
+        self._spawn(cmd, env=_worker_env(self.lib_path))
         kind, payload = self._receive(f"dlopen({self.lib_path!r})", max(self.timeout, STARTUP_TIMEOUT))
         if kind != "ready":
             self.stop()
@@ -449,21 +392,12 @@ class Worker:
         self.info = payload
         return payload
 
-    def stop(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()   # _reap, once
-            self._finalizer = None
-        self.proc = None
-        if self._err is not None:
-            self._err.close()
-            self._err = None
-
     def call(self, desc: str, op: str, *args):
         """Run ``op(*args)`` in the worker; ``desc`` names the call in crash and timeout messages."""
         if not self.alive():
             self.start()
             self.replay(desc)
-        os.ftruncate(self._err.fileno(), 0)
+        self._new_call()
         try:
             _write_msg(self.proc.stdin.fileno(), (op, args))
         except BrokenPipeError:
@@ -485,40 +419,23 @@ class Worker:
         try:
             n = HEADER.unpack(self._read(HEADER.size, deadline))[0]
             return pickle.loads(self._read(n, deadline))
-        except _Timeout:
+        except Timeout:
             self.stop_hard()
             raise WorkerTimeout(f"worker timed out after {timeout:g} s during {desc}; killed") from None
-        except _EOF:
+        except EOF:
             raise self._died(desc) from None
 
     def _read(self, n: int, deadline: float) -> bytes:
-        fd = self.proc.stdout.fileno()
-        poll = select.poll()
-        poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         buf = bytearray()
         while len(buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not poll.poll(left * 1000):
-                raise _Timeout
-            b = os.read(fd, min(n - len(buf), 1 << 20))
-            if not b:
-                raise _EOF
-            buf += b
+            buf += read_some(self.proc.stdout.fileno(), deadline, min(n - len(buf), 1 << 20))
         return bytes(buf)
 
-    def stop_hard(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.stop()
-
     def _died(self, desc: str) -> WorkerCrash:
-        try:
-            rc = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # closed its output but lives on: end it
-            self.proc.kill()
-            rc = self.proc.wait()
-        if rc < 0:
+        rc = wait_exit(self.proc)
+        if rc is None:  # closed its output but lived on: killed
+            msg = f"worker closed its output during {desc}, still ran {EXIT_WAIT:g} s later; killed"
+        elif rc < 0:
             msg = f"worker killed by {signal_name(rc)} during {desc}"
         else:
             msg = f"worker exited with status {rc} during {desc}"
@@ -529,8 +446,6 @@ class Worker:
             return WorkerCrash(f"{msg}: {summary[-1]}")
         return WorkerCrash(msg + (f"; its stderr: {tail}" if tail else ""))
 
-    def _stderr_tail(self) -> str:
-        return stderr_tail(self._err)
 
 
 if __name__ == "__main__":

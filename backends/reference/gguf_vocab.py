@@ -16,6 +16,7 @@ add_bos_token / add_eos_token say so.
 
     vocab = read("model.gguf")
     ids = encode(vocab, "some text")
+    ids = text_ids("model.gguf", "some text")   # the same, VocabError without gguf-py or tokens
 """
 
 from __future__ import annotations
@@ -106,6 +107,21 @@ def encode(vocab: Vocab, text: str) -> list[int]:
     if vocab.add_eos:
         ids = ids + [int(vocab.eos)]
     return ids
+
+
+def text_ids(path: str, text: str) -> list[int]:
+    """The ids of ``text`` in the vocabulary of the GGUF at ``path`` (`mlconf embed --text`);
+    VocabError naming what is missing (gguf-py, a usable vocabulary, any token)."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise VocabError(
+            "--text reads the GGUF's tokenizer with gguf-py: pip install gguf, or give --tokens"
+        ) from None
+    out = encode(read(path), text)
+    if not out:
+        raise VocabError("--text: the text gives no tokens")
+    return out
 
 
 # ---------------------------------------------------------------- gpt2: byte-level BPE

@@ -5,7 +5,7 @@
                                           (specs/mlb_errors.yaml) is RULE
     python cmd_one_mistake.py yarn        its forward ignores yarn's rope_attn_factor
 
-It speaks protocol version 1 (backends/cmd/__init__.py): hello, load, open_model, forward, reset,
+It speaks protocol version 1 (backends/cmd/protocol.py): hello, load, open_model, forward, reset,
 close. A NumericError of the reference is answered with kind "nonfinite", a refused file with
 "input".
 """
