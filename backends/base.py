@@ -145,3 +145,20 @@ class ModelSession(Protocol):
     def reset(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def token_array(tokens) -> np.ndarray:
+    """Token ids as a 1-D integer array (an empty one allowed), values unchanged; InputError
+    otherwise. Every backend checks its tokens so."""
+    t = np.asarray(tokens)
+    if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
+        raise InputError(f"tokens must be a 1-D integer array, got {t.dtype}{list(t.shape)}")
+    return t
+
+
+def as_rows(a: np.ndarray, what: str) -> np.ndarray:
+    """A 1-D or 2-D array as C-contiguous (rows, cols) (ValueError otherwise); the size rules are
+    the backend's."""
+    if a.ndim not in (1, 2):
+        raise ValueError(f"{what} must be 1-D or 2-D, got shape {a.shape}")
+    return np.ascontiguousarray(a.reshape(1, -1) if a.ndim == 1 else a)

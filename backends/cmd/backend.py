@@ -21,6 +21,8 @@ from ..base import (
     LoadResult,
     NumericError,
     Unsupported,
+    as_rows,
+    token_array,
 )
 from ..child import Handle, default_timeout
 from .program import Program
@@ -201,7 +203,7 @@ class CmdBackend:
         w = np.asarray(w)
         if w.dtype not in (np.float32, np.float16):
             raise ValueError(f"weights must be float32 or float16, got {w.dtype}")
-        w2 = _rows(w, "weights").astype(np.float32)
+        w2 = as_rows(w, "weights").astype(np.float32)
         desc = f"i2s_quantize({w.dtype}{list(w.shape)})"
         r = self.request(desc, "i2s_quantize", w=pack(w2, "<f4"), shape=list(w2.shape))
         return b64(r, "payload", f"{self.name}: {desc}")
@@ -211,7 +213,7 @@ class CmdBackend:
         x = np.asarray(x)
         if x.dtype != np.float32:
             raise ValueError(f"activations must be float32, got {x.dtype}")
-        x2 = _rows(x, "activations")
+        x2 = as_rows(x, "activations")
         desc = f"i2s_quantize_act(float32{list(x.shape)})"
         r = self.request(desc, "i2s_quantize_act", x=pack(x2, "<f4"), shape=list(x2.shape))
         where = f"{self.name}: {desc}"
@@ -226,7 +228,7 @@ class CmdBackend:
         x = np.asarray(x)
         if x.dtype != np.float32:
             raise ValueError(f"activations must be float32, got {x.dtype}")
-        x2 = _rows(x, "activations")
+        x2 = as_rows(x, "activations")
         desc = f"i2s_matmul(payload[{len(payload)}], {(rows, cols)}, float32{list(x.shape)})"
         r = self.request(desc, "i2s_matmul", payload=pack(bytes(payload), "u1"), shape=[rows, cols],
                          x=pack(x2, "<f4"), x_shape=list(x2.shape))
@@ -255,21 +257,12 @@ def _quant_input(x) -> np.ndarray:
     return x
 
 
-def _rows(a: np.ndarray, what: str) -> np.ndarray:
-    if a.ndim not in (1, 2):
-        raise ValueError(f"{what} must be 1-D or 2-D, got shape {a.shape}")
-    return np.ascontiguousarray(a.reshape(1, -1) if a.ndim == 1 else a)
-
-
 def _handle(r: dict, where: str) -> int | str:
     return reply_field(r, "handle", (int, str), where)
 
 
 def _tokens(tokens) -> list[int]:
-    t = np.asarray(tokens)
-    if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
-        raise InputError(f"tokens must be a 1-D integer array, got {t.dtype}{list(t.shape)}")
-    return [int(v) for v in t]
+    return [int(v) for v in token_array(tokens)]
 
 
 class _Session(Handle):

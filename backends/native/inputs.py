@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import BackendError, InputError, Unsupported
+from ..base import BackendError, InputError, Unsupported, token_array
 from . import abi
 
 INT32 = (-(2**31), 2**31 - 1)
@@ -22,21 +22,12 @@ def int32(v: int, what: str) -> int:
 
 def tokens32(tokens) -> np.ndarray:
     """Token ids as the ABI's int32_t array (InputError for what does not fit); unchanged values."""
-    t = np.asarray(tokens)
-    if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
-        raise InputError(f"tokens must be a 1-D integer array, got {t.dtype}{list(t.shape)}")
+    t = token_array(tokens)
     if t.size and (t.min() < INT32[0] or t.max() > INT32[1]):
         raise InputError("a token id does not fit the ABI's int32_t")
     if t.size > INT32[1]:
         raise InputError(f"{t.size} tokens do not fit the ABI's int32_t count")
     return t
-
-
-def as_rows(a: np.ndarray, what: str) -> np.ndarray:
-    """A 1-D or 2-D array as C-contiguous (rows, cols); the ABI's size rules are the library's."""
-    if a.ndim not in (1, 2):
-        raise ValueError(f"{what} must be 1-D or 2-D, got shape {a.shape}")
-    return np.ascontiguousarray(a.reshape(1, -1) if a.ndim == 1 else a)
 
 
 def i2s_problem(x: np.ndarray, payload: np.ndarray | None = None, rows: int = 0, cols: int = 0) -> str:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..base import CAPABILITIES, BackendError, InputError, LoadResult, Unsupported
+from ..base import CAPABILITIES, BackendError, InputError, LoadResult, Unsupported, as_rows
 from ..child import default_timeout
 from . import abi
-from .inputs import I2S_BLOCK, I2S_TAIL, as_rows, i2s_problem, int32, q4_problem, q8_problem, quantizer_status
+from .inputs import I2S_BLOCK, I2S_TAIL, i2s_problem, int32, q4_problem, q8_problem, quantizer_status
 from .sessions import EmbedderSession, ModelSession, TokenizerSession
 
 

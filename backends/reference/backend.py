@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import POOLINGS, READINGS, InputError, LoadResult, Unsupported
+from ..base import POOLINGS, READINGS, InputError, LoadResult, Unsupported, token_array
 from . import i2s, loader, quant
 
 
@@ -133,9 +133,7 @@ class Embedder:
 
     def embed(self, tokens: np.ndarray, pooling: str | None = None, normalize: bool = False) -> np.ndarray:
         from . import bitnet
-        t = np.asarray(tokens)
-        if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
-            raise InputError(f"tokens must be a 1-D integer array, got {t.dtype}{list(t.shape)}")
+        t = token_array(tokens)
         if t.size == 0:
             raise InputError("no tokens")
         bad = np.flatnonzero((t < 0) | (t >= self.vocab))
