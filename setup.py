@@ -47,7 +47,7 @@ class build_py_native(build_py):
 
     def run(self) -> None:
         build = _native_build()
-        build.unicode_tables()   # generated before the package files are copied, so the wheel has it
+        build.unicode_tables()  # generated before the package files are copied, so the wheel has it
         super().run()
         for lib in LIBRARIES:
             out = self._library(lib)
@@ -75,5 +75,6 @@ class bdist_wheel_platform(bdist_wheel):
         return "py3", "none", plat
 
 
-setup(distclass=BinaryDistribution,
-      cmdclass={"build_py": build_py_native, "bdist_wheel": bdist_wheel_platform})
+setup(
+    distclass=BinaryDistribution, cmdclass={"build_py": build_py_native, "bdist_wheel": bdist_wheel_platform}
+)

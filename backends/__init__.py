@@ -30,7 +30,29 @@ from .base import (
 from .entry_points import PLUGIN_GROUP, PluginInfo, plugins
 from .registry import builtin_names, check_name, get, register, unregister
 
-__all__ = ["CAPABILITIES", "POOLINGS", "READINGS", "STATUSES", "Backend", "BackendError", "EmbedderSession",
-           "InputError", "LoadResult", "ModelSession", "NumericError", "Unsupported", "WorkerCrash",
-           "WorkerTimeout", "BITNET_ISAS", "NATIVE_ISAS", "PLUGIN_GROUP", "PluginInfo", "builtin_names",
-           "check_name", "get", "plugins", "register", "unregister"]
+__all__ = [
+    "CAPABILITIES",
+    "POOLINGS",
+    "READINGS",
+    "STATUSES",
+    "Backend",
+    "BackendError",
+    "EmbedderSession",
+    "InputError",
+    "LoadResult",
+    "ModelSession",
+    "NumericError",
+    "Unsupported",
+    "WorkerCrash",
+    "WorkerTimeout",
+    "BITNET_ISAS",
+    "NATIVE_ISAS",
+    "PLUGIN_GROUP",
+    "PluginInfo",
+    "builtin_names",
+    "check_name",
+    "get",
+    "plugins",
+    "register",
+    "unregister",
+]

@@ -21,11 +21,11 @@ CAPABILITIES = {
     "load_tokenizer": "validate an .mlt file: load_tokenizer(path, model_vocab) -> LoadResult",
     "encode": "open_tokenizer(path) -> session; session.encode(text) -> ids, session.decode(ids) -> bytes",
     "i2s": "I2_S math: i2s_quantize(w) -> payload bytes; i2s_quantize_act(x) -> (q int8, scale f32, "
-           "sum int32); i2s_matmul(payload, shape, x) -> y f32",
+    "sum int32); i2s_matmul(payload, shape, x) -> y f32",
     "embed": "BitNet GGUF embeddings: open_embedder(path, reading) -> session; "
-             "session.embed(tokens, pooling, normalize) -> (dim,) f32",
+    "session.embed(tokens, pooling, normalize) -> (dim,) f32",
 }
-POOLINGS = (None, "mean", "cls", "last")   # EmbedderSession.embed: None is the model's own pooling
+POOLINGS = (None, "mean", "cls", "last")  # EmbedderSession.embed: None is the model's own pooling
 # open_embedder's reading of the projections: None is the file's own (bitnet.cpp's: ternary for
 # I2_S, float for f32/f16), "float" plain matmuls, "ternary" BitLinear on the latent weights
 READINGS = (None, "float", "ternary")
@@ -64,9 +64,9 @@ class WorkerTimeout(BackendError):
 
 @dataclass
 class LoadResult:
-    status: str                 # one of STATUSES
+    status: str  # one of STATUSES
     reason: str = ""
-    rule: str = ""              # reference only: the failing rule id of specs/mlb_errors.yaml
+    rule: str = ""  # reference only: the failing rule id of specs/mlb_errors.yaml
 
     @property
     def ok(self) -> bool:
@@ -82,8 +82,9 @@ class Backend(Protocol):
 
     def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
-                      importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+    def quantize_q4_0(
+        self, x: np.ndarray, rule: str, f16: bool, importance: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]: ...
 
     def open_model(self, path: str, ctx: int | None = None) -> ModelSession: ...
 

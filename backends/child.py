@@ -36,8 +36,9 @@ def default_timeout() -> float:
     except ValueError:
         raise BackendError(f"{TIMEOUT_ENV}={v!r} is not a number of seconds") from None
     if not 0 < t <= MAX_TIMEOUT:
-        raise BackendError(f"{TIMEOUT_ENV}={v!r} must be a number of seconds above 0 and at most "
-                           f"{MAX_TIMEOUT:g}")
+        raise BackendError(
+            f"{TIMEOUT_ENV}={v!r} must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}"
+        )
     return t
 
 
@@ -182,8 +183,15 @@ class Child:
         self.stop()
         self._err = stderr_file()
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self._err, bufsize=0, close_fds=True, env=env)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._err,
+                bufsize=0,
+                close_fds=True,
+                env=env,
+            )
         except OSError:
             self.stop()
             raise

@@ -31,6 +31,7 @@ PLUGIN_GROUP = "mlconf.backends"
 class PluginInfo:
     """One entry point of the group: ``name`` = ``value`` of distribution ``dist``; ``error`` says why
     it cannot be used ("" when it loaded), ``shadowed`` whether a built-in name or prefix took it."""
+
     name: str
     value: str
     dist: str = ""
@@ -39,8 +40,11 @@ class PluginInfo:
 
     @property
     def where(self) -> str:
-        return (f"plug-in {self.name!r} (entry point {self.name} = {self.value} in group {PLUGIN_GROUP}"
-                + (f", distribution {self.dist}" if self.dist else "") + ")")
+        return (
+            f"plug-in {self.name!r} (entry point {self.name} = {self.value} in group {PLUGIN_GROUP}"
+            + (f", distribution {self.dist}" if self.dist else "")
+            + ")"
+        )
 
 
 _PLUGINS: dict[str, PluginInfo] = {}
@@ -65,17 +69,23 @@ def _plugin_factory(info: PluginInfo, fn: Callable | None) -> Callable[[str], Ba
         try:
             b = fn(name)
         except Exception as e:
-            raise BackendError(f"backend {name!r}: the factory of {info.where} raised "
-                               f"{type(e).__name__}: {e}") from e
+            raise BackendError(
+                f"backend {name!r}: the factory of {info.where} raised {type(e).__name__}: {e}"
+            ) from e
         caps = getattr(b, "capabilities", None)
         if not isinstance(getattr(b, "name", None), str) or caps is None or isinstance(caps, str):
-            raise BackendError(f"backend {name!r}: the factory of {info.where} returned {type(b).__name__}, "
-                               "not a backend (a str `name` and a set of `capabilities` are needed)")
+            raise BackendError(
+                f"backend {name!r}: the factory of {info.where} returned {type(b).__name__}, "
+                "not a backend (a str `name` and a set of `capabilities` are needed)"
+            )
         unknown = set(caps) - set(CAPABILITIES)
         if unknown:
-            raise BackendError(f"backend {name!r}: {info.where} declares unknown capabilities "
-                               f"{sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
+            raise BackendError(
+                f"backend {name!r}: {info.where} declares unknown capabilities "
+                f"{sorted(unknown)}; known: {', '.join(CAPABILITIES)}"
+            )
         return b
+
     return factory
 
 
@@ -86,6 +96,7 @@ def load() -> None:
         return
     _plugins_loaded = True
     from importlib.metadata import entry_points
+
     try:
         eps = list(entry_points(group=PLUGIN_GROUP))
     except Exception as e:  # a broken installed distribution's metadata
@@ -96,16 +107,20 @@ def load() -> None:
         info = PluginInfo(ep.name, ep.value, f"{dist.name} {dist.version}" if dist is not None else "")
         owner = _builtin_owner(ep.name)
         if owner is not None:
-            what = (f"the built-in backend {owner!r} has that name" if owner == ep.name else
-                    f"the built-in prefix {owner!r} covers that name")
+            what = (
+                f"the built-in backend {owner!r} has that name"
+                if owner == ep.name
+                else f"the built-in prefix {owner!r} covers that name"
+            )
             info.shadowed = True
             info.error = f"ignored: {what}"
             warnings.warn(f"mlconf: {info.where} ignored: {what}", stacklevel=3)
             _PLUGINS.setdefault(ep.name, info)
             continue
         if ep.name in _PLUGINS:
-            warnings.warn(f"mlconf: {info.where} ignored: {_PLUGINS[ep.name].where} has that name",
-                          stacklevel=3)
+            warnings.warn(
+                f"mlconf: {info.where} ignored: {_PLUGINS[ep.name].where} has that name", stacklevel=3
+            )
             continue
         fn = None
         try:
@@ -134,4 +149,3 @@ def reset() -> None:
             registry.unregister(n)
     _PLUGINS.clear()
     _plugins_loaded = False
-

@@ -27,8 +27,7 @@ _FACTORIES: dict[str, Callable[[str], Backend]] = {}
 _BUILTIN: dict[str, bool | Callable[[], bool]] = {}
 
 
-def register(name: str, factory: Callable[[str], Backend],
-             builtin: bool | Callable[[], bool] = True) -> None:
+def register(name: str, factory: Callable[[str], Backend], builtin: bool | Callable[[], bool] = True) -> None:
     """Register a backend name, or a prefix ending in ':' whose factory takes the whole name.
 
     ``builtin``: whether ``mlconf run`` uses it when no backend is named; a callable is asked
@@ -45,41 +44,49 @@ def unregister(name: str) -> None:
 
 def _reference(_: str) -> Backend:
     from .reference import ReferenceBackend
+
     return ReferenceBackend()
 
 
 def _native(name: str) -> Backend:
     from .native import native_backend
+
     return native_backend(name)
 
 
 def _native_available() -> bool:
     from .native import native_available
+
     return native_available()
 
 
 def _bitnet(name: str) -> Backend:
     from .bitnet import bitnet_backend
+
     return bitnet_backend(name)
 
 
 def _bitnet_available() -> bool:
     from .bitnet import bitnet_available
+
     return bitnet_available()
 
 
 def _external(name: str) -> Backend:
     from .external import external_backend
+
     return external_backend(name)
 
 
 def _llama_cpp(name: str) -> Backend:
     from .llama_cpp import llama_cpp_backend
+
     return llama_cpp_backend(name)
 
 
 def _cmd(name: str) -> Backend:
     from .cmd import cmd_backend
+
     return cmd_backend(name)
 
 
@@ -94,7 +101,7 @@ register("lib:", _external)
 register("cmd:", _cmd, builtin=False)
 register("llama.cpp", _llama_cpp, builtin=False)
 register("llama.cpp:", _llama_cpp, builtin=False)
-BUILTIN_NAMES = frozenset(_FACTORIES)      # what plug-ins cannot take over
+BUILTIN_NAMES = frozenset(_FACTORIES)  # what plug-ins cannot take over
 
 
 def builtin_names() -> list[str]:

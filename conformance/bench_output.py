@@ -26,10 +26,26 @@ from tabulate import tabulate
 T = TypeVar("T")
 
 SCHEMA = "mlconf-bench/1"
-REPEAT = 5          # runs of every timed figure (issue 18: the median and min-max of at least 5)
+REPEAT = 5  # runs of every timed figure (issue 18: the median and min-max of at least 5)
 # the cpuinfo flags that decide which kernels run (the ISA tables and llama.cpp's build)
-ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
-             "avx512_vnni", "avx512vbmi", "avx512_bf16", "amx_tile", "asimd", "asimddp")
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "bmi2",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512vbmi",
+    "avx512_bf16",
+    "amx_tile",
+    "asimd",
+    "asimddp",
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,7 @@ def _seconds(fn: Callable[[], object]) -> Callable[[], float]:
         t = time.perf_counter()
         fn()
         return time.perf_counter() - t
+
     return run
 
 
@@ -118,15 +135,26 @@ def host() -> dict:
     """The machine a figure belongs to: CPU model, the ISA flags that matter, cores, last cache."""
     info = _cpuinfo()
     flags = set((info.get("flags") or info.get("Features") or "").split())
-    return {"machine": platform.machine(), "cpu": info.get("model name") or info.get("CPU part") or "",
-            "isa_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count(),
-            "last_level_cache": _l3()}
+    return {
+        "machine": platform.machine(),
+        "cpu": info.get("model name") or info.get("CPU part") or "",
+        "isa_flags": [f for f in ISA_FLAGS if f in flags],
+        "cores": os.cpu_count(),
+        "last_level_cache": _l3(),
+    }
 
 
 def document(title: str, sections: list[dict], **extra) -> dict:
     import mlconf
-    return {"schema": SCHEMA, "mlconf_version": mlconf.__version__, "title": title, "host": host(),
-            **extra, "sections": sections}
+
+    return {
+        "schema": SCHEMA,
+        "mlconf_version": mlconf.__version__,
+        "title": title,
+        "host": host(),
+        **extra,
+        "sections": sections,
+    }
 
 
 def section(title: str, rows: list[dict], note: str = "") -> dict:
@@ -158,22 +186,33 @@ def compare(doc: dict, before: dict, name: str) -> list[dict]:
             rows.append(row)
         if rows:
             h = before.get("host", {})
-            out.append(section(f"{s['title']}: this run against {name}", rows,
-                               f"{name}: {h.get('cpu') or h.get('machine') or 'an unknown host'}, "
-                               f"mlconf {before.get('mlconf_version', '?')}. A ratio above 1 is more of the "
-                               "figure in this run: better for a rate (tok_s, GB_s, MB/s), worse for a "
-                               "time (seconds, ns_per_...)."))
+            out.append(
+                section(
+                    f"{s['title']}: this run against {name}",
+                    rows,
+                    f"{name}: {h.get('cpu') or h.get('machine') or 'an unknown host'}, "
+                    f"mlconf {before.get('mlconf_version', '?')}. A ratio above 1 is more of the "
+                    "figure in this run: better for a rate (tok_s, GB_s, MB/s), worse for a "
+                    "time (seconds, ns_per_...).",
+                )
+            )
     return out
 
 
 def host_line(doc: dict) -> str:
     h = doc["host"]
     b = doc.get("bandwidth")
-    return (f"Machine: {h['cpu'] or h['machine']} ({h['machine']}), {h['cores']} cores, last-level cache "
-            f"{h['last_level_cache'] or 'unknown'}, ISA flags {' '.join(h['isa_flags']) or 'none'}."
-            + (f" Read bandwidth (C kernel, {b['threads']} threads): memory {b['memory_GB_s']:.1f} GB/s "
-               f"({b['memory_buffer_MiB']} MiB, beyond the last-level cache), cache {b['cache_GB_s']:.1f} "
-               f"GB/s ({b['cache_buffer_MiB']} MiB)." if b else ""))
+    return (
+        f"Machine: {h['cpu'] or h['machine']} ({h['machine']}), {h['cores']} cores, last-level cache "
+        f"{h['last_level_cache'] or 'unknown'}, ISA flags {' '.join(h['isa_flags']) or 'none'}."
+        + (
+            f" Read bandwidth (C kernel, {b['threads']} threads): memory {b['memory_GB_s']:.1f} GB/s "
+            f"({b['memory_buffer_MiB']} MiB, beyond the last-level cache), cache {b['cache_GB_s']:.1f} "
+            f"GB/s ({b['cache_buffer_MiB']} MiB)."
+            if b
+            else ""
+        )
+    )
 
 
 def _cell(v):
@@ -187,8 +226,9 @@ def _cell(v):
 
 
 def table(rows: list[dict], fmt: str = "simple") -> str:
-    return tabulate([{k: _cell(v) for k, v in r.items()} for r in rows], headers="keys", tablefmt=fmt,
-                    floatfmt=".4g")
+    return tabulate(
+        [{k: _cell(v) for k, v in r.items()} for r in rows], headers="keys", tablefmt=fmt, floatfmt=".4g"
+    )
 
 
 def markdown(doc: dict) -> str:
@@ -217,7 +257,7 @@ def _plain(v):
         return {k: _plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
-    if hasattr(v, "item"):          # a NumPy scalar
+    if hasattr(v, "item"):  # a NumPy scalar
         return _plain(v.item())
     return v
 

@@ -28,16 +28,16 @@ from mlconf.backends.reference import layout
 from mlconf.golden import GOLDEN_DIR
 
 AREAS = ("header", "loader", "quant", "forward", "tokenizer", "bitnet")
-FORWARD_MODES = ("prefill", "decode")   # areas/forward.py forward_calls: one call, or one token at a time
+FORWARD_MODES = ("prefill", "decode")  # areas/forward.py forward_calls: one call, or one token at a time
 
 
 @dataclass(frozen=True)
 class Case:
-    id: str                     # stable, selectable with -k: "<area>/<spec row>/<name>"
+    id: str  # stable, selectable with -k: "<area>/<spec row>/<name>"
     area: str
-    capability: str             # the backend capability it needs (backends.CAPABILITIES)
-    spec: str                   # where it comes from: "<spec file>#<row>"
-    compare: str                # status | bit-exact | refused | toleranced
+    capability: str  # the backend capability it needs (backends.CAPABILITIES)
+    spec: str  # where it comes from: "<spec file>#<row>"
+    compare: str  # status | bit-exact | refused | toleranced
     params: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     expected: Any = field(default=None, hash=False, compare=False)
 
@@ -57,14 +57,41 @@ def _fixture_cases(target: specs.Version | None = None) -> list[Case]:
         params = {"fixture": f} if target is None else {"fixture": f, "target_version": target}
         name = f.file.rsplit("/", 1)[-1].removesuffix(".mlb")
         if f.kind == "valid":
-            out.append(Case(f"header/{f.base}", "header", "load", f"mlb_fixtures.yaml#{f.base}",
-                            "status", params, f.expected))
+            out.append(
+                Case(
+                    f"header/{f.base}",
+                    "header",
+                    "load",
+                    f"mlb_fixtures.yaml#{f.base}",
+                    "status",
+                    params,
+                    f.expected,
+                )
+            )
         elif f.kind == "malformed":
-            out.append(Case(f"loader/{f.rule}/{name}", "loader", "load", f"mlb_errors.yaml#{f.rule}",
-                            "status", params, f.expected))
+            out.append(
+                Case(
+                    f"loader/{f.rule}/{name}",
+                    "loader",
+                    "load",
+                    f"mlb_errors.yaml#{f.rule}",
+                    "status",
+                    params,
+                    f.expected,
+                )
+            )
         else:
-            out.append(Case(f"loader/accepted/{name}", "loader", "load",
-                            f"mlb_errors.yaml#accepted.{name}", "status", params, f.expected))
+            out.append(
+                Case(
+                    f"loader/accepted/{name}",
+                    "loader",
+                    "load",
+                    f"mlb_errors.yaml#accepted.{name}",
+                    "status",
+                    params,
+                    f.expected,
+                )
+            )
     return out
 
 
@@ -114,13 +141,31 @@ def _edge_cases() -> list[Case]:
         x = np.array(block_values(e["x"]), dtype=np.float32)
         levels = [int(v) for v in block_values(e["expect"]["q"])]
         expected = encode_expected(e["op"], levels, _value(e["expect"]["d"]))
-        out.append(Case(f"quant/{e['op']}/{e['name']}", "quant", cap, f"quant.yaml#edge_cases.{e['name']}",
-                        "bit-exact", {**call, "x": x}, expected))
+        out.append(
+            Case(
+                f"quant/{e['op']}/{e['name']}",
+                "quant",
+                cap,
+                f"quant.yaml#edge_cases.{e['name']}",
+                "bit-exact",
+                {**call, "x": x},
+                expected,
+            )
+        )
     for e in specs.load("quant").get("refused") or []:
         cap, call = QUANT_OPS[e["op"]]
         x = np.array(block_values(e["x"]), dtype=np.float32)
-        out.append(Case(f"quant/{e['op']}/refused/{e['name']}", "quant", cap,
-                        f"quant.yaml#refused.{e['name']}", "refused", {**call, "x": x}, None))
+        out.append(
+            Case(
+                f"quant/{e['op']}/refused/{e['name']}",
+                "quant",
+                cap,
+                f"quant.yaml#refused.{e['name']}",
+                "refused",
+                {**call, "x": x},
+                None,
+            )
+        )
     return out
 
 
@@ -131,9 +176,17 @@ def _golden_cases() -> list[Case]:
     g = np.load(path)
     x = g["x"].astype(np.float32)
     expected = (g["qs"].tobytes(), g["d"].tobytes())
-    return [Case("quant/q4_0_round_f16/gguf_golden", "quant", "quantize_q4_0",
-                 "quant.yaml#q4_0_round (oracle gguf-py, golden/q4_0_round_gguf.npz)", "bit-exact",
-                 {"rule": "round", "f16": True, "x": x}, expected)]
+    return [
+        Case(
+            "quant/q4_0_round_f16/gguf_golden",
+            "quant",
+            "quantize_q4_0",
+            "quant.yaml#q4_0_round (oracle gguf-py, golden/q4_0_round_gguf.npz)",
+            "bit-exact",
+            {"rule": "round", "f16": True, "x": x},
+            expected,
+        )
+    ]
 
 
 def _forward_cases(target: specs.Version | None = None) -> list[Case]:
@@ -146,24 +199,50 @@ def _forward_cases(target: specs.Version | None = None) -> list[Case]:
         needs = versions.file_version(head)
         if target is not None and needs is not None and needs > target:
             status, _ = versions.expected("ML_OK", "", head, target)
-            out.append(Case(f"forward/{name}/refused_by_older", "forward", "load",
-                            f"mlb_header.yaml#versions (golden/logits/{name}.mlb needs Krafla "
-                            f"{specs.format_version(needs)})", "status", {"path": npz.with_suffix(".mlb")},
-                            status))
+            out.append(
+                Case(
+                    f"forward/{name}/refused_by_older",
+                    "forward",
+                    "load",
+                    f"mlb_header.yaml#versions (golden/logits/{name}.mlb needs Krafla "
+                    f"{specs.format_version(needs)})",
+                    "status",
+                    {"path": npz.with_suffix(".mlb")},
+                    status,
+                )
+            )
             continue
         g = np.load(npz)
         spec = f"tolerances.yaml#logits_runtime_vs_oracle (golden/logits/{name}, oracle transformers)"
         for mode in FORWARD_MODES:
-            params = {"model": npz.with_suffix(".mlb"), "tokens": g["tokens"], "mode": mode,
-                      "tolerance": "logits_runtime_vs_oracle"}
-            out.append(Case(f"forward/{name}/{mode}", "forward", "forward", spec, "toleranced", params,
-                            g["logits"]))
+            params = {
+                "model": npz.with_suffix(".mlb"),
+                "tokens": g["tokens"],
+                "mode": mode,
+                "tolerance": "logits_runtime_vs_oracle",
+            }
+            out.append(
+                Case(f"forward/{name}/{mode}", "forward", "forward", spec, "toleranced", params, g["logits"])
+            )
         # cross-backend: the reference backend's runtime logits are the expectation (not run on it)
-        params = {"model": npz.with_suffix(".mlb"), "tokens": g["tokens"], "mode": "prefill",
-                  "tolerance": "logits_runtime_vs_reference", "expected_from": "reference"}
-        out.append(Case(f"forward/{name}/vs_reference", "forward", "forward",
-                        f"tolerances.yaml#logits_runtime_vs_reference (golden/logits/{name})", "toleranced",
-                        params, None))
+        params = {
+            "model": npz.with_suffix(".mlb"),
+            "tokens": g["tokens"],
+            "mode": "prefill",
+            "tolerance": "logits_runtime_vs_reference",
+            "expected_from": "reference",
+        }
+        out.append(
+            Case(
+                f"forward/{name}/vs_reference",
+                "forward",
+                "forward",
+                f"tolerances.yaml#logits_runtime_vs_reference (golden/logits/{name})",
+                "toleranced",
+                params,
+                None,
+            )
+        )
     return out
 
 
@@ -181,14 +260,25 @@ def _fixture_run_cases(target: specs.Version | None = None) -> list[Case]:
         needs = versions.file_version(head)
         if target is not None and needs is not None and needs > target:
             continue
-        n = min(2, layout.parse_header(head)["max_seq"])      # minimal_dims holds one position
+        n = min(2, layout.parse_header(head)["max_seq"])  # minimal_dims holds one position
         name = f.base if f.kind == "valid" else f.file.rsplit("/", 1)[-1].removesuffix(".mlb")
         for mode in FORWARD_MODES:
-            out.append(Case(f"forward/fixture/{f.kind}/{name}/{mode}", "forward", "forward",
-                            f"tolerances.yaml#logits_runtime_vs_reference ({f.file}, {n} tokens)",
-                            "toleranced",
-                            {"fixture": f, "tokens": np.arange(1, n + 1), "mode": mode,
-                             "tolerance": "logits_runtime_vs_reference", "expected_from": "reference"}))
+            out.append(
+                Case(
+                    f"forward/fixture/{f.kind}/{name}/{mode}",
+                    "forward",
+                    "forward",
+                    f"tolerances.yaml#logits_runtime_vs_reference ({f.file}, {n} tokens)",
+                    "toleranced",
+                    {
+                        "fixture": f,
+                        "tokens": np.arange(1, n + 1),
+                        "mode": mode,
+                        "tolerance": "logits_runtime_vs_reference",
+                        "expected_from": "reference",
+                    },
+                )
+            )
     return out
 
 
@@ -196,25 +286,33 @@ def _tokenizer_golden_cases() -> list[Case]:
     """HF tokenizers' ids of golden/tokenizers/NAME.json for every text of
     specs/tokenizer_texts.yaml; the runner converts NAME.json to .mlt with tools/convert_tokenizer."""
     import json
+
     out = []
     texts = specs.load("tokenizer_texts")["texts"]
     for path in sorted((GOLDEN_DIR / "tokenizers").glob("*.ids.json")):
         doc = json.loads(path.read_text(encoding="utf-8"))
         name = path.name.removesuffix(".ids.json")
         for text_name, rec in doc["ids"].items():
-            out.append(Case(f"tokenizer/encode/{name}/{text_name}", "tokenizer", "encode",
-                            f"tokenizer_texts.yaml#{text_name} (golden/tokenizers/{name}.json, oracle "
-                            f"{doc['oracle']})", "ids",
-                            {"golden": GOLDEN_DIR / "tokenizers" / doc["tokenizer"],
-                             "text": texts[text_name]}, rec["ids"]))
+            out.append(
+                Case(
+                    f"tokenizer/encode/{name}/{text_name}",
+                    "tokenizer",
+                    "encode",
+                    f"tokenizer_texts.yaml#{text_name} (golden/tokenizers/{name}.json, oracle "
+                    f"{doc['oracle']})",
+                    "ids",
+                    {"golden": GOLDEN_DIR / "tokenizers" / doc["tokenizer"], "text": texts[text_name]},
+                    rec["ids"],
+                )
+            )
     return out
 
 
 # ---------------------------------------------------------------- bitnet (I2_S, embeddings)
-I2S_BLOCK, I2S_TAIL = 128, 32       # specs/i2s.yaml block, tail_bytes
+I2S_BLOCK, I2S_TAIL = 128, 32  # specs/i2s.yaml block, tail_bytes
 BITNET_DIR = GOLDEN_DIR / "bitnet"
 EMBED_POOLINGS = ("mean", "cls", "last")
-EMBED_SEQUENCES = 3                 # tokens_0 .. tokens_2 of golden/bitnet/NAME.npz
+EMBED_SEQUENCES = 3  # tokens_0 .. tokens_2 of golden/bitnet/NAME.npz
 # seeded random inputs compared bit for bit with the reference backend: (rows, cols, n tokens)
 I2S_RANDOM = ((1, 128, 1), (3, 256, 2), (17, 384, 5), (64, 512, 7), (5, 1280, 3))
 # I2_S inputs every backend must refuse (specs/i2s.yaml `refused`): name -> (shape, NaN at flat index)
@@ -222,8 +320,12 @@ I2S_REFUSED = {"cols_64": ((1, 64), None), "cols_130": ((2, 130), None), "nan_we
 # damaged copies of a golden GGUF that open_embedder must refuse (areas/bitnet.py damage_gguf makes them)
 GGUF_DAMAGE = ("nan_norm", "truncated", "code3")
 # calls on a valid embedder that must raise InputError: name -> (tokens, pooling)
-EMBED_BAD_CALLS = {"no_tokens": ([], "mean"), "token_out_of_range": ([1, 2, None], "mean"),
-                   "negative_token": ([1, -1], "mean"), "unknown_pooling": ([1, 2], "max")}
+EMBED_BAD_CALLS = {
+    "no_tokens": ([], "mean"),
+    "token_out_of_range": ([1, 2, None], "mean"),
+    "negative_token": ([1, -1], "mean"),
+    "unknown_pooling": ([1, 2], "max"),
+}
 
 
 def pack_codes(codes: np.ndarray) -> np.ndarray:
@@ -243,7 +345,7 @@ def _i2s_spec_cases() -> list[Case]:
     doc = specs.load("i2s")
     out = []
     edge = doc.get("edge_cases") or []
-    packed_of = {}        # w values -> payload, for the bitlinear case's weight
+    packed_of = {}  # w values -> payload, for the bitlinear case's weight
     for e in edge:
         name, op = e["name"], e["op"]
         spec = f"i2s.yaml#edge_cases.{name}"
@@ -252,15 +354,36 @@ def _i2s_spec_cases() -> list[Case]:
             w = np.array(block_values(e["w"], I2S_BLOCK), dtype=np.float32).reshape(1, -1)
             payload = bytes.fromhex(exp["packed"]) + bytes.fromhex(exp["payload_tail"])
             packed_of[w.tobytes()] = payload
-            out.append(Case(f"bitnet/i2s_pack/{name}", "bitnet", "i2s", spec, "bit-exact",
-                            {"op": "pack", "w": w, "d": _value(exp["d"])}, payload))
+            out.append(
+                Case(
+                    f"bitnet/i2s_pack/{name}",
+                    "bitnet",
+                    "i2s",
+                    spec,
+                    "bit-exact",
+                    {"op": "pack", "w": w, "d": _value(exp["d"])},
+                    payload,
+                )
+            )
         elif op == "activations":
             x = np.array(block_values(e["x"], I2S_BLOCK), dtype=np.float32).reshape(1, -1)
             xq = np.array([int(v) for v in block_values(exp["xq"], I2S_BLOCK)], dtype=np.int8)
-            expected = (xq.tobytes(), np.array([_value(exp["scale"])], dtype="<f4").tobytes(),
-                        np.array([int(exp["act_sum"])], dtype="<i4").tobytes())
-            out.append(Case(f"bitnet/i2s_act/{name}", "bitnet", "i2s", spec, "bit-exact",
-                            {"op": "act", "x": x}, expected))
+            expected = (
+                xq.tobytes(),
+                np.array([_value(exp["scale"])], dtype="<f4").tobytes(),
+                np.array([int(exp["act_sum"])], dtype="<i4").tobytes(),
+            )
+            out.append(
+                Case(
+                    f"bitnet/i2s_act/{name}",
+                    "bitnet",
+                    "i2s",
+                    spec,
+                    "bit-exact",
+                    {"op": "act", "x": x},
+                    expected,
+                )
+            )
     for e in edge:
         if e["op"] != "dot":
             continue
@@ -269,10 +392,24 @@ def _i2s_spec_cases() -> list[Case]:
         payload = i2s_payload_bytes(pack_codes(codes), _value(e["d"]))
         x = np.array(block_values(e["x"], cols), dtype=np.float32).reshape(1, -1)
         y = np.array([_value(exp["y"])], dtype="<f4").tobytes()
-        out.append(Case(f"bitnet/i2s_matmul/{name}", "bitnet", "i2s", f"i2s.yaml#edge_cases.{name}",
-                        "bit-exact", {"op": "matmul", "payload": payload, "shape": (1, cols), "x": x,
-                         "note": f"sumi {exp['sumi']} (bitnet.cpp's AVX2 dot: {exp['bitnet_cpp_sumi']}), "
-                                 f"act_sum {exp['act_sum']}"}, y))
+        out.append(
+            Case(
+                f"bitnet/i2s_matmul/{name}",
+                "bitnet",
+                "i2s",
+                f"i2s.yaml#edge_cases.{name}",
+                "bit-exact",
+                {
+                    "op": "matmul",
+                    "payload": payload,
+                    "shape": (1, cols),
+                    "x": x,
+                    "note": f"sumi {exp['sumi']} (bitnet.cpp's AVX2 dot: {exp['bitnet_cpp_sumi']}), "
+                    f"act_sum {exp['act_sum']}",
+                },
+                y,
+            )
+        )
     for e in edge:
         if e["op"] != "bitlinear":
             continue
@@ -281,33 +418,79 @@ def _i2s_spec_cases() -> list[Case]:
         x = np.array(block_values(e["x"], I2S_BLOCK), dtype=np.float32).reshape(1, -1)
         payload = packed_of.get(w.tobytes())
         if payload is None:
-            raise ValueError(f"i2s.yaml#edge_cases.{name}: its w is the w of no ternarize edge case, so the "
-                             "payload it multiplies is not stated by the spec")
+            raise ValueError(
+                f"i2s.yaml#edge_cases.{name}: its w is the w of no ternarize edge case, so the "
+                "payload it multiplies is not stated by the spec"
+            )
         y = np.array([_value(exp["y"])], dtype="<f4").tobytes()
-        out.append(Case(f"bitnet/i2s_matmul/{name}", "bitnet", "i2s", f"i2s.yaml#edge_cases.{name}",
-                        "bit-exact",
-                        {"op": "matmul", "payload": payload, "shape": w.shape, "x": x,
-                         "note": f"sumi {exp['sumi']}, act_sum {exp['act_sum']}"}, y))
+        out.append(
+            Case(
+                f"bitnet/i2s_matmul/{name}",
+                "bitnet",
+                "i2s",
+                f"i2s.yaml#edge_cases.{name}",
+                "bit-exact",
+                {
+                    "op": "matmul",
+                    "payload": payload,
+                    "shape": w.shape,
+                    "x": x,
+                    "note": f"sumi {exp['sumi']}, act_sum {exp['act_sum']}",
+                },
+                y,
+            )
+        )
     for name, (shape, nan_at) in I2S_REFUSED.items():
         w = np.linspace(-1, 1, shape[0] * shape[1], dtype=np.float32).reshape(shape)
         if nan_at is not None:
             w.reshape(-1)[nan_at] = np.nan
-        out.append(Case(f"bitnet/i2s_pack/refused/{name}", "bitnet", "i2s", "i2s.yaml#refused", "refused",
-                        {"op": "pack", "w": w}))
+        out.append(
+            Case(
+                f"bitnet/i2s_pack/refused/{name}",
+                "bitnet",
+                "i2s",
+                "i2s.yaml#refused",
+                "refused",
+                {"op": "pack", "w": w},
+            )
+        )
     x = np.linspace(-3, 3, 2 * 256, dtype=np.float32).reshape(2, 256)
     x[1, 200] = np.inf
-    out.append(Case("bitnet/i2s_act/refused/inf_activation", "bitnet", "i2s", "i2s.yaml#refused", "refused",
-                    {"op": "act", "x": x}))
+    out.append(
+        Case(
+            "bitnet/i2s_act/refused/inf_activation",
+            "bitnet",
+            "i2s",
+            "i2s.yaml#refused",
+            "refused",
+            {"op": "act", "x": x},
+        )
+    )
     codes = np.ones(4 * 256, dtype=np.uint8)
     codes[300] = 3
     shape = (4, 256)
     x = np.linspace(-1, 1, 2 * 256, dtype=np.float32).reshape(2, 256)
-    out.append(Case("bitnet/i2s_matmul/refused/code3", "bitnet", "i2s", "i2s.yaml#layout.reading", "refused",
-                    {"op": "matmul", "payload": i2s_payload_bytes(pack_codes(codes), 0.5), "shape": shape,
-                     "x": x}))
+    out.append(
+        Case(
+            "bitnet/i2s_matmul/refused/code3",
+            "bitnet",
+            "i2s",
+            "i2s.yaml#layout.reading",
+            "refused",
+            {"op": "matmul", "payload": i2s_payload_bytes(pack_codes(codes), 0.5), "shape": shape, "x": x},
+        )
+    )
     good = i2s_payload_bytes(pack_codes(np.ones(4 * 256, dtype=np.uint8)), 0.5)
-    out.append(Case("bitnet/i2s_matmul/refused/payload_length", "bitnet", "i2s", "i2s.yaml#layout.reading",
-                    "refused", {"op": "matmul", "payload": good[:-1], "shape": shape, "x": x}))
+    out.append(
+        Case(
+            "bitnet/i2s_matmul/refused/payload_length",
+            "bitnet",
+            "i2s",
+            "i2s.yaml#layout.reading",
+            "refused",
+            {"op": "matmul", "payload": good[:-1], "shape": shape, "x": x},
+        )
+    )
     return out
 
 
@@ -322,10 +505,17 @@ def _i2s_golden_cases() -> list[Case]:
             name = key.removeprefix("w_")
             if f"payload_{name}" not in g.files:
                 continue
-            out.append(Case(f"bitnet/i2s_pack/golden/{name}", "bitnet", "i2s",
-                            f"i2s.yaml#ternarize (golden/bitnet/i2s_edge.npz {name})", "bit-exact",
-                            {"op": "pack", "w": g[key].astype(np.float32)},
-                            g[f"payload_{name}"].astype(np.uint8).tobytes()))
+            out.append(
+                Case(
+                    f"bitnet/i2s_pack/golden/{name}",
+                    "bitnet",
+                    "i2s",
+                    f"i2s.yaml#ternarize (golden/bitnet/i2s_edge.npz {name})",
+                    "bit-exact",
+                    {"op": "pack", "w": g[key].astype(np.float32)},
+                    g[f"payload_{name}"].astype(np.uint8).tobytes(),
+                )
+            )
     return out
 
 
@@ -337,18 +527,36 @@ def _i2s_random_cases() -> list[Case]:
         tag = f"{rows}x{cols}_n{n}_seed{seed}"
         w = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 2)).astype(np.float32)
         x = (rng.standard_normal((n, cols)) * rng.uniform(0.1, 10)).astype(np.float32)
-        x[:, rng.integers(0, cols)] *= 20      # an outlier column sets amax
+        x[:, rng.integers(0, cols)] *= 20  # an outlier column sets amax
         codes = rng.integers(0, 3, rows * cols).astype(np.uint8)
         payload = i2s_payload_bytes(pack_codes(codes), float(np.float32(rng.uniform(1e-3, 1))))
         common = {"expected_from": "reference", "seed": 1000 + seed}
         spec = "i2s.yaml (seeded random input, the reference backend as expectation)"
         out += [
-            Case(f"bitnet/i2s_pack/random_{tag}/vs_reference", "bitnet", "i2s", spec, "bit-exact",
-                 {"op": "pack", "w": w, **common}),
-            Case(f"bitnet/i2s_act/random_{tag}/vs_reference", "bitnet", "i2s", spec, "bit-exact",
-                 {"op": "act", "x": x, **common}),
-            Case(f"bitnet/i2s_matmul/random_{tag}/vs_reference", "bitnet", "i2s", spec, "bit-exact",
-                 {"op": "matmul", "payload": payload, "shape": (rows, cols), "x": x, **common}),
+            Case(
+                f"bitnet/i2s_pack/random_{tag}/vs_reference",
+                "bitnet",
+                "i2s",
+                spec,
+                "bit-exact",
+                {"op": "pack", "w": w, **common},
+            ),
+            Case(
+                f"bitnet/i2s_act/random_{tag}/vs_reference",
+                "bitnet",
+                "i2s",
+                spec,
+                "bit-exact",
+                {"op": "act", "x": x, **common},
+            ),
+            Case(
+                f"bitnet/i2s_matmul/random_{tag}/vs_reference",
+                "bitnet",
+                "i2s",
+                spec,
+                "bit-exact",
+                {"op": "matmul", "payload": payload, "shape": (rows, cols), "x": x, **common},
+            ),
         ]
     return out
 
@@ -363,8 +571,10 @@ def bitnet_goldens() -> list[str]:
 # A golden's readings: npz key prefix -> (the reading passed to open_embedder, None for the file's
 # own, and the case id's infix); reading -> (tolerance against the oracle, against the reference).
 EMBED_READINGS = {"": (None, ""), "ternary_": ("ternary", "ternary/")}
-EMBED_TOLERANCES = {"ternary": ("embeddings_vs_oracle", "embeddings_runtime_vs_reference"),
-                    "float": ("embeddings_float_vs_oracle", "embeddings_float_vs_reference")}
+EMBED_TOLERANCES = {
+    "ternary": ("embeddings_vs_oracle", "embeddings_runtime_vs_reference"),
+    "float": ("embeddings_float_vs_oracle", "embeddings_float_vs_reference"),
+}
 
 
 def _embed_cases() -> list[Case]:
@@ -373,7 +583,7 @@ def _embed_cases() -> list[Case]:
         gguf, npz = BITNET_DIR / f"{name}.gguf", BITNET_DIR / f"{name}.npz"
         with np.load(npz) as g:
             data = {k: g[k] for k in g.files}
-        own = str(data.get("reading", "ternary"))   # the file's own reading (golden_bitnet.EmbedCase)
+        own = str(data.get("reading", "ternary"))  # the file's own reading (golden_bitnet.EmbedCase)
         for prefix, (reading, infix) in EMBED_READINGS.items():
             vs_oracle, vs_reference = EMBED_TOLERANCES[reading or own]
             for i in range(EMBED_SEQUENCES):
@@ -386,33 +596,74 @@ def _embed_cases() -> list[Case]:
                         if key not in data:
                             continue
                         label = f"{infix}{i}/{pooling}_norm" if normalize else f"{infix}{i}/{pooling}"
-                        params = {"op": "embed", "model": gguf, "tokens": tokens, "pooling": pooling,
-                                  "normalize": normalize, "reading": reading}
-                        out.append(Case(f"bitnet/embed/{name}/{label}", "bitnet", "embed",
-                                        f"tolerances.yaml#{vs_oracle} (golden/bitnet/{name}, "
-                                        f"{reading or own} reading)", "toleranced",
-                                        {**params, "tolerance": vs_oracle}, data[key].astype(np.float32)))
-                        out.append(Case(f"bitnet/embed/{name}/{label}/vs_reference", "bitnet", "embed",
-                                        f"tolerances.yaml#{vs_reference} (golden/bitnet/{name})",
-                                        "toleranced", {**params, "tolerance": vs_reference,
-                                                       "expected_from": "reference"}))
+                        params = {
+                            "op": "embed",
+                            "model": gguf,
+                            "tokens": tokens,
+                            "pooling": pooling,
+                            "normalize": normalize,
+                            "reading": reading,
+                        }
+                        out.append(
+                            Case(
+                                f"bitnet/embed/{name}/{label}",
+                                "bitnet",
+                                "embed",
+                                f"tolerances.yaml#{vs_oracle} (golden/bitnet/{name}, "
+                                f"{reading or own} reading)",
+                                "toleranced",
+                                {**params, "tolerance": vs_oracle},
+                                data[key].astype(np.float32),
+                            )
+                        )
+                        out.append(
+                            Case(
+                                f"bitnet/embed/{name}/{label}/vs_reference",
+                                "bitnet",
+                                "embed",
+                                f"tolerances.yaml#{vs_reference} (golden/bitnet/{name})",
+                                "toleranced",
+                                {**params, "tolerance": vs_reference, "expected_from": "reference"},
+                            )
+                        )
         for kind in GGUF_DAMAGE:
             if kind == "code3" and not any(t["type"] == GGUF_I2_S for t in gguf_tensors(gguf)):
                 continue
-            out.append(Case(f"bitnet/embed/refused/{name}/{kind}", "bitnet", "embed",
-                            f"mlrt.h#ml_embed_load (golden/bitnet/{name}.gguf, damaged: {kind})", "refused",
-                            {"op": "open", "model": gguf, "damage": kind}))
+            out.append(
+                Case(
+                    f"bitnet/embed/refused/{name}/{kind}",
+                    "bitnet",
+                    "embed",
+                    f"mlrt.h#ml_embed_load (golden/bitnet/{name}.gguf, damaged: {kind})",
+                    "refused",
+                    {"op": "open", "model": gguf, "damage": kind},
+                )
+            )
     names = bitnet_goldens()
     if names:
         gguf = BITNET_DIR / f"{names[0]}.gguf"
-        for kind in fixtures.SPECIAL_PATHS:      # not a regular file: ML_E_IO (loader.special_files)
-            out.append(Case(f"bitnet/embed/refused/path/{kind}", "bitnet", "embed",
-                            "decisions.yaml#loader.special_files (mlrt.h#ml_embed_load)", "refused",
-                            {"op": "open", "model": gguf, "damage": kind}))
+        for kind in fixtures.SPECIAL_PATHS:  # not a regular file: ML_E_IO (loader.special_files)
+            out.append(
+                Case(
+                    f"bitnet/embed/refused/path/{kind}",
+                    "bitnet",
+                    "embed",
+                    "decisions.yaml#loader.special_files (mlrt.h#ml_embed_load)",
+                    "refused",
+                    {"op": "open", "model": gguf, "damage": kind},
+                )
+            )
         for kind, (tokens, pooling) in EMBED_BAD_CALLS.items():
-            out.append(Case(f"bitnet/embed/refused/{names[0]}/{kind}", "bitnet", "embed",
-                            "mlrt.h#ml_embed (ML_E_ARG)", "refused",
-                            {"op": "embed_call", "model": gguf, "tokens": tokens, "pooling": pooling}))
+            out.append(
+                Case(
+                    f"bitnet/embed/refused/{names[0]}/{kind}",
+                    "bitnet",
+                    "embed",
+                    "mlrt.h#ml_embed (ML_E_ARG)",
+                    "refused",
+                    {"op": "embed_call", "model": gguf, "tokens": tokens, "pooling": pooling},
+                )
+            )
     return out
 
 
@@ -421,7 +672,7 @@ def bitnet_cases() -> list[Case]:
 
 
 # ---------------------------------------------------------------- GGUF tensor infos (gguf-py)
-GGUF_F32, GGUF_F16, GGUF_I2_S = 0, 1, 36   # GGML type ids
+GGUF_F32, GGUF_F16, GGUF_I2_S = 0, 1, 36  # GGML type ids
 
 
 def gguf_tensors(path) -> list[dict]:
@@ -430,15 +681,25 @@ def gguf_tensors(path) -> list[dict]:
     import gguf
 
     from mlconf.tools.convert_bitnet import register_i2s
+
     register_i2s()
-    return [{"name": t.name, "shape": [int(d) for d in t.shape], "type": int(t.tensor_type),
-             "offset": int(t.data_offset),
-             "nbytes": int(t.n_bytes) + (I2S_TAIL if int(t.tensor_type) == GGUF_I2_S else 0)}
-            for t in gguf.GGUFReader(str(path)).tensors]
+    return [
+        {
+            "name": t.name,
+            "shape": [int(d) for d in t.shape],
+            "type": int(t.tensor_type),
+            "offset": int(t.data_offset),
+            "nbytes": int(t.n_bytes) + (I2S_TAIL if int(t.tensor_type) == GGUF_I2_S else 0),
+        }
+        for t in gguf.GGUFReader(str(path)).tensors
+    ]
 
 
-def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | None = None,
-            target_version: specs.Version | None = None) -> list[Case]:
+def collect(
+    areas: tuple[str, ...] | list[str] | None = None,
+    keyword: str | None = None,
+    target_version: specs.Version | None = None,
+) -> list[Case]:
     """The cases of ``areas`` (all by default) whose id matches ``keyword`` (-k), with the
     expectations of a Krafla ``target_version`` runtime (None: the newest)."""
     areas = tuple(areas or AREAS)
@@ -463,7 +724,7 @@ def collect(areas: tuple[str, ...] | list[str] | None = None, keyword: str | Non
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """"K/N" (1 <= K <= N) of --shard; ValueError otherwise."""
+    """ "K/N" (1 <= K <= N) of --shard; ValueError otherwise."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
     if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
         raise ValueError(f"--shard {text!r}: expected K/N with 1 <= K <= N")
@@ -473,8 +734,11 @@ def parse_shard(text: str) -> tuple[int, int]:
 def shard(selected: list[Case], k: int, n: int) -> list[Case]:
     """The cases of shard k of n: those whose id's sha256 is k - 1 modulo n. A case's shard
     depends on its id alone, so adding or removing another case moves no case between shards."""
-    return [c for c in selected
-            if int.from_bytes(hashlib.sha256(c.id.encode("utf-8")).digest()[:8], "big") % n == k - 1]
+    return [
+        c
+        for c in selected
+        if int.from_bytes(hashlib.sha256(c.id.encode("utf-8")).digest()[:8], "big") % n == k - 1
+    ]
 
 
 # ---------------------------------------------------------------- -k expressions

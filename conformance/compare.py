@@ -9,9 +9,11 @@ from mlconf import specs
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
     """Largest distance in float32 units in the last place (ordered-integer difference)."""
+
     def ordered(x: np.ndarray) -> np.ndarray:
         i = np.asarray(x, np.float32).view(np.int32).astype(np.int64)
         return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
     if a.size == 0:
         return 0
     return int(np.max(np.abs(ordered(a) - ordered(b))))
@@ -34,7 +36,7 @@ def distances(got: np.ndarray, want: np.ndarray) -> dict:
     else:
         got_f, want_f = got, want
     err = got_f.astype(np.float64) - want_f.astype(np.float64)
-    mse = float(np.mean(err ** 2)) if err.size else 0.0
+    mse = float(np.mean(err**2)) if err.size else 0.0
     denom = float(np.mean(want_f.astype(np.float64) ** 2)) if want_f.size else 0.0
     out = {
         "nmse": mse / denom if denom > 0 else mse,

@@ -48,23 +48,38 @@ def render(doc: dict, name: str) -> str:
     recs = [r for r in doc["records"] if r["backend"] == name]
     order = {a: i for i, a in enumerate(doc["run"]["areas"])}
     areas = sorted({r["area"] for r in recs}, key=lambda a: order.get(a, len(order)))
-    counts = [[a, *(sum(r["area"] == a and r["outcome"] == o for r in recs) for o in rec.OUTCOMES)]
-              for a in areas]
-    out = [f"`mlconf run -b {name}`: {what}; {len(recs)} case runs"
-           + (f" (areas {', '.join(doc['run']['areas'])})" if len(areas) < len(order) else "") + ".", "",
-           _table(["area", *rec.OUTCOMES], counts), ""]
+    counts = [
+        [a, *(sum(r["area"] == a and r["outcome"] == o for r in recs) for o in rec.OUTCOMES)] for a in areas
+    ]
+    out = [
+        f"`mlconf run -b {name}`: {what}; {len(recs)} case runs"
+        + (f" (areas {', '.join(doc['run']['areas'])})" if len(areas) < len(order) else "")
+        + ".",
+        "",
+        _table(["area", *rec.OUTCOMES], counts),
+        "",
+    ]
     pairs = [m for m in doc["matrix"] if name in (m["a"], m["b"]) and m["compared"]]
     if pairs:
+
         def worst(m: dict) -> str:
-            w = {k: v for k, v in (m["worst"] or {}).items()
-                 if k not in QUIET and (v or k not in ("shape_mismatch", "refusal_mismatch"))}
+            w = {
+                k: v
+                for k, v in (m["worst"] or {}).items()
+                if k not in QUIET and (v or k not in ("shape_mismatch", "refusal_mismatch"))
+            }
             return ", ".join(f"{k} {v:.2g}" if isinstance(v, float) else f"{k} {v}" for k, v in w.items())
+
         rows = [[m["a"], m["b"], m["kind"], m["compared"], m["identical"], worst(m)] for m in pairs]
-        out += ["Beside the other backends of the run (the bit-exactness matrix):", "",
-                _table(["a", "b", "output", "compared", "identical", "worst"], rows),
-                ""]
-    fails = sorted((r for r in recs if r["outcome"] in rec.FAILING),
-                   key=lambda r: (order.get(r["area"], 0), r["case"]))
+        out += [
+            "Beside the other backends of the run (the bit-exactness matrix):",
+            "",
+            _table(["a", "b", "output", "compared", "identical", "worst"], rows),
+            "",
+        ]
+    fails = sorted(
+        (r for r in recs if r["outcome"] in rec.FAILING), key=lambda r: (order.get(r["area"], 0), r["case"])
+    )
     out += ["Each failing case and its first differing detail:", ""]
     rows = [[f"`{r['case']}`", r["outcome"], _cell(r["detail"])] for r in fails]
     out += [_table(["case", "outcome", "first differing detail"], rows) if fails else "None."]

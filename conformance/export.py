@@ -281,9 +281,7 @@ class Exporter:
             }
         frm = "reference" if case.expected is None else "oracle"
         want = (
-            case.expected
-            if case.expected is not None
-            else self.work.expected_from_reference(case, run_embed)
+            case.expected if case.expected is not None else self.work.expected_from_reference(case, run_embed)
         )
         return {
             "op": "ml_embed",

@@ -32,16 +32,16 @@ from mlconf.tools.files import atomic_write, replacing
 class Fixture:
     """One file of the generated set and the outcome a loader must give."""
 
-    file: str                   # relative to the output folder
-    kind: str                   # valid | malformed | accepted
-    expected: str               # ML_OK | ML_E_IO | ML_E_FORMAT | ML_E_SHAPE
+    file: str  # relative to the output folder
+    kind: str  # valid | malformed | accepted
+    expected: str  # ML_OK | ML_E_IO | ML_E_FORMAT | ML_E_SHAPE
     covers: list[str] = field(default_factory=list)
-    rule: str = ""              # malformed: the rule id of specs/mlb_errors.yaml it breaks
+    rule: str = ""  # malformed: the rule id of specs/mlb_errors.yaml it breaks
     base: str = ""
     mutate: list = field(default_factory=list)
     model_vocab: int | None = None  # tokenizer fixtures: the model vocab a loader is given
-    imatrix: str | None = None      # valid imatrix bases: the MLI1 file written beside it, which
-                                    # its Q4_0 matrices were quantized with
+    imatrix: str | None = None  # valid imatrix bases: the MLI1 file written beside it, which
+    # its Q4_0 matrices were quantized with
     # .mlb files, set by generate(): the oldest Krafla version that reads the file as `expected`
     # says (None: every version), and the status every older version must give instead
     min_version: str | None = None
@@ -108,7 +108,7 @@ def write_base(name: str, path: Path) -> None:
 # ---------------------------------------------------------------- mutations
 def _table(data: bytes) -> list[layout.Array]:
     h = layout.parse_header(data)
-    flags = data[256: 256 + h["n_layers"]] if h["layer_flags"] else None
+    flags = data[256 : 256 + h["n_layers"]] if h["layer_flags"] else None
     return list(layout.plan(h, flags))
 
 
@@ -131,11 +131,11 @@ def mutate(data: bytes, ops: list[dict]) -> bytes:
     b = bytearray(data)
     table = _table(data)  # the base's layout: pokes address the arrays the base file has
     for op in ops:
-        (kind, arg), = op.items()
+        ((kind, arg),) = op.items()
         if kind == "set":
             for k, v in arg.items():
                 off, raw = _pack_field(k, v)
-                b[off: off + 4] = raw
+                b[off : off + 4] = raw
         elif kind == "flags":
             for layer, v in arg.items():
                 b[256 + int(layer)] = v
@@ -145,19 +145,19 @@ def mutate(data: bytes, ops: list[dict]) -> bytes:
             i = arg["index"] % n
             size = np.dtype(a.dtype).itemsize
             raw = np.array([arg["value"]]).astype(a.dtype).tobytes()
-            b[a.offset + i * size: a.offset + (i + 1) * size] = raw
+            b[a.offset + i * size : a.offset + (i + 1) * size] = raw
         elif kind == "pad":
             a = _array(table, arg["after"])
             end = a.offset + a.nbytes
             raw = bytes.fromhex(arg["hex"])
             if layout.align(end) - end < len(raw):
                 raise ValueError(f"array {a.name} has no padding to overwrite")
-            b[end: end + len(raw)] = raw
+            b[end : end + len(raw)] = raw
         elif byte_ops.apply(b, kind, arg):
             continue
         elif kind == "strip_tail_padding":
             last = table[-1]
-            del b[last.offset + last.nbytes:]
+            del b[last.offset + last.nbytes :]
         elif kind == "path":
             continue  # handled by the writer of the case
         else:
@@ -202,25 +202,48 @@ def make_special(target: Path, kind: str) -> None:
     elif kind == "fifo":
         os.mkfifo(target)
     elif kind != "missing":
-        os.symlink({"char_device": "/dev/null", "symlink_to_directory": os.curdir,
-                    "dangling_symlink": "no-such-file"}[kind], target)
+        os.symlink(
+            {
+                "char_device": "/dev/null",
+                "symlink_to_directory": os.curdir,
+                "dangling_symlink": "no-such-file",
+            }[kind],
+            target,
+        )
 
 
 # ---------------------------------------------------------------- the whole set
 def catalog() -> list[Fixture]:
     """Every fixture with its expected outcome, without writing anything."""
-    out = [Fixture(f"valid/{n}.mlb", "valid", "ML_OK", list(s.get("covers", [])), base=n,
-                   imatrix=f"valid/{n}.mli" if s.get("imatrix") else None)
-           for n, s in base_specs().items()]
+    out = [
+        Fixture(
+            f"valid/{n}.mlb",
+            "valid",
+            "ML_OK",
+            list(s.get("covers", [])),
+            base=n,
+            imatrix=f"valid/{n}.mli" if s.get("imatrix") else None,
+        )
+        for n, s in base_specs().items()
+    ]
     errors = specs.load("mlb_errors")
     for r in errors["rules"]:
         for c in r["cases"]:
-            out.append(Fixture(f"malformed/{r['id']}/{c['name']}.mlb", "malformed", r["status"],
-                               [r.get("seed") or f"decision {r.get('decision')}"], r["id"],
-                               c["base"], c["mutate"]))
+            out.append(
+                Fixture(
+                    f"malformed/{r['id']}/{c['name']}.mlb",
+                    "malformed",
+                    r["status"],
+                    [r.get("seed") or f"decision {r.get('decision')}"],
+                    r["id"],
+                    c["base"],
+                    c["mutate"],
+                )
+            )
     for c in errors["accepted"]:
-        out.append(Fixture(f"accepted/{c['name']}.mlb", "accepted", "ML_OK", [c["why"]], "",
-                           c["base"], c["mutate"]))
+        out.append(
+            Fixture(f"accepted/{c['name']}.mlb", "accepted", "ML_OK", [c["why"]], "", c["base"], c["mutate"])
+        )
     return out + mlt_fixtures.catalog()
 
 
@@ -256,9 +279,12 @@ def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fi
     for f in fixtures:
         if f.file.endswith(".mlb"):
             _set_versions(f, versions.read_head(out / f.file))
-    manifest = {"format": "mlconf fixtures v1", "spec": "MLB v1",
-                "statuses": specs.load("mlb_errors")["statuses"],
-                "fixtures": [asdict(f) for f in fixtures]}
+    manifest = {
+        "format": "mlconf fixtures v1",
+        "spec": "MLB v1",
+        "statuses": specs.load("mlb_errors")["statuses"],
+        "fixtures": [asdict(f) for f in fixtures],
+    }
     atomic_write(out / "manifest.json", [json.dumps(manifest, indent=1).encode()])
     return fixtures
 
@@ -269,16 +295,19 @@ def _set_versions(f: Fixture, head: bytes) -> None:
     need = versions.file_version(head)
     if need is None:
         return
-    older = {versions.expected(f.expected, f.rule, head, versions.older(v))[0]
-             for v in versions.boundaries() if v <= need}
+    older = {
+        versions.expected(f.expected, f.rule, head, versions.older(v))[0]
+        for v in versions.boundaries()
+        if v <= need
+    }
     if len(older) != 1:
         raise ValueError(f"{f.file}: the versions before {need} give different statuses {sorted(older)}")
     f.min_version, f.expected_older = specs.format_version(need), older.pop()
 
 
 # ---------------------------------------------------------------- the cache of `mlconf run`
-CACHE_ENV = "MLCONF_CACHE_DIR"   # the cache folder; "off": no cache (each run generates its own)
-_HASHES = "hashes.json"          # in a cached set: file -> sha256, or what stands there (_state)
+CACHE_ENV = "MLCONF_CACHE_DIR"  # the cache folder; "off": no cache (each run generates its own)
+_HASHES = "hashes.json"  # in a cached set: file -> sha256, or what stands there (_state)
 
 
 def source_key() -> str:
@@ -287,6 +316,7 @@ def source_key() -> str:
     import importlib
 
     import mlconf
+
     h = hashlib.sha256(f"mlconf {mlconf.__version__} numpy {np.__version__}".encode())
     for pkg in ("mlconf", "mlconf.backends", "mlconf.tools", "mlconf.specs"):
         root = Path(importlib.import_module(pkg).__file__).parent

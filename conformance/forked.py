@@ -18,6 +18,7 @@ def _fresh(b: Backend) -> Backend:
     made by name with the per-call timeout of ``b``; ``b`` itself (the forked copy) when its name
     is not registered, which is right for an in-process backend such as a test's wrapper class."""
     from mlconf.backends import get
+
     try:
         fresh = get(b.name)
     except Exception:
@@ -49,7 +50,8 @@ def _child(fd: int, shard: list[tuple[int, Case]], backends: list[Backend], work
     index, Result) through ``fd`` as a length-prefixed pickle, then (None, None, None)."""
     import pickle
     from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=max(1, len(backends))) as pool:   # their workers start at once
+
+    with ThreadPoolExecutor(max_workers=max(1, len(backends))) as pool:  # their workers start at once
         fresh = list(pool.map(_fresh, backends))
     own = [fb for fb, b in zip(fresh, backends, strict=True) if fb is not b]
     try:
@@ -71,29 +73,36 @@ def _child(fd: int, shard: list[tuple[int, Case]], backends: list[Backend], work
             _close(fb)
 
 
-def run_forked(cases: list[Case], backends: list[Backend], work: runner.Workdir, jobs: int,
-               on_result: Callable[[int, int, runner.Result], bool]) -> None:
+def run_forked(
+    cases: list[Case],
+    backends: list[Backend],
+    work: runner.Workdir,
+    jobs: int,
+    on_result: Callable[[int, int, runner.Result], bool],
+) -> None:
     """run(jobs=N): N forked children, each with every backend (fresh instances, see _fresh) and
     every N-th case. ``on_result`` returns True to stop the run (the children are then ended)."""
     import pickle
     import selectors
     import signal
+
     runner.prepare(cases, work)  # fixtures and tokenizers once, before the fork
     sel = selectors.DefaultSelector()
-    kids: dict[int, int] = {}    # read fd -> pid
+    kids: dict[int, int] = {}  # read fd -> pid
     bufs: dict[int, bytearray] = {}
     finished: set[int] = set()
     for j in range(jobs):
         shard = list(enumerate(cases))[j::jobs]
         r, w = os.pipe()
         pid = os.fork()
-        if pid == 0:             # the child
+        if pid == 0:  # the child
             code = 0
             try:
                 os.close(r)
                 _child(w, shard, backends, work)
             except BaseException:
                 import traceback
+
                 traceback.print_exc()
                 code = 1
             finally:
@@ -117,8 +126,8 @@ def run_forked(cases: list[Case], backends: list[Backend], work: runner.Workdir,
                     n = _LEN.unpack_from(buf)[0]
                     if len(buf) < _LEN.size + n:
                         break
-                    bi, ci, res = pickle.loads(bytes(buf[_LEN.size:_LEN.size + n]))
-                    del buf[:_LEN.size + n]
+                    bi, ci, res = pickle.loads(bytes(buf[_LEN.size : _LEN.size + n]))
+                    del buf[: _LEN.size + n]
                     if bi is None:
                         finished.add(fd)
                     elif not stopped and on_result(bi, ci, res):
@@ -137,5 +146,3 @@ def run_forked(cases: list[Case], backends: list[Backend], work: runner.Workdir,
         sel.close()
     if not stopped and len(finished) != len(kids):
         raise RuntimeError("a runner process ended before its cases were done (its traceback is above)")
-
-

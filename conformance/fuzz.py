@@ -35,10 +35,35 @@ from mlconf.backends.reference import layout
 from mlconf.cases import FORWARD_MODES, Case
 from mlconf.runner import Result, Workdir, run_case
 
-AREAS = {"loader": ("load", ".mlb"), "tokenizer": ("load_tokenizer", ".mlt"), "forward": ("forward", ".mlb"),
-         "i2s": ("i2s", "")}
-U32_VALUES = (0, 1, 2, 3, 4, 7, 8, 31, 32, 33, 64, 255, 256, 65535, 65536, 2**24, 2**24 + 1,
-              2**31 - 1, 2**31, 2**32 - 32, 2**32 - 1)
+AREAS = {
+    "loader": ("load", ".mlb"),
+    "tokenizer": ("load_tokenizer", ".mlt"),
+    "forward": ("forward", ".mlb"),
+    "i2s": ("i2s", ""),
+}
+U32_VALUES = (
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    8,
+    31,
+    32,
+    33,
+    64,
+    255,
+    256,
+    65535,
+    65536,
+    2**24,
+    2**24 + 1,
+    2**31 - 1,
+    2**31,
+    2**32 - 32,
+    2**32 - 1,
+)
 F32_VALUES = (float("nan"), float("inf"), float("-inf"), -0.0, -1.0, 1e-45, 3.4e38, 0.5, 1e4)
 FLAG_VALUES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 0x10, 0x80, 0xFF)
 
@@ -47,8 +72,8 @@ FLAG_VALUES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 0x10, 0x80, 0xFF)
 class Base:
     name: str
     data: bytes
-    fields: list[tuple[int, str]]       # (offset, u32 | f32) of the header fields to set
-    flags: range = range(0)             # offsets of the layer-flag bytes
+    fields: list[tuple[int, str]]  # (offset, u32 | f32) of the header fields to set
+    flags: range = range(0)  # offsets of the layer-flag bytes
 
 
 @dataclass
@@ -68,8 +93,9 @@ def bases(area: str) -> list[Base]:
         fs = [f for f in mlt_fixtures.catalog() if f.kind == "valid"]
         size = specs.load("mlt")["header_size"]
         return [Base(f.base, mlt_fixtures.content(f), [(o, "u32") for o in range(4, size, 4)]) for f in fs]
-    fields = [(f["offset"], f["type"]) for f in specs.load("mlb_header")["fields"]
-              if f["type"] in ("u32", "f32")]
+    fields = [
+        (f["offset"], f["type"]) for f in specs.load("mlb_header")["fields"] if f["type"] in ("u32", "f32")
+    ]
     out = []
     with tempfile.TemporaryDirectory(prefix="mlconf-fuzz-") as tmp:
         for name, spec in fixtures.base_specs().items():
@@ -109,9 +135,9 @@ def mutation(rng: np.random.Generator, base: Base, size: int) -> dict:
 def apply(data: bytes, ops: list[dict]) -> bytes:
     b = bytearray(data)
     for op in ops:
-        (kind, arg), = op.items()
+        ((kind, arg),) = op.items()
         if kind == "raw" and arg["offset"] >= len(b):
-            continue                     # the file was cut before it: nothing to overwrite
+            continue  # the file was cut before it: nothing to overwrite
         byte_ops.apply(b, kind, arg)
     return bytes(b)
 
@@ -129,6 +155,7 @@ def mutants(area: str, seed: int) -> Callable[[], tuple[Base, list[dict]]]:
             ops.append(op)
             size = len(apply(base.data, ops))
         return base, ops
+
     return draw
 
 
@@ -159,12 +186,20 @@ def _judge(area, reference, backend, work: Workdir, path: Path, cid: str, spec: 
 def _run_accepted(reference, backend, work: Workdir, path: Path, cid: str, spec: str) -> Result | None:
     """An accepted mutant run as the forward/fixture cases run the accepted fixtures: two tokens
     (one when max_seq is 1) at ctx 2 (_forward_fails)."""
-    n = min(2, layout.parse_header(path.read_bytes()[:layout.HEADER_SIZE])["max_seq"])
+    n = min(2, layout.parse_header(path.read_bytes()[: layout.HEADER_SIZE])["max_seq"])
     return _forward_fails(reference, backend, work, path, f"{cid}/forward", spec, np.arange(1, n + 1), n)
 
 
-def _forward_fails(reference, backend, work: Workdir, path: Path, cid: str, spec: str, tokens: np.ndarray,
-                   ctx: int | None = None) -> Result | None:
+def _forward_fails(
+    reference,
+    backend,
+    work: Workdir,
+    path: Path,
+    cid: str,
+    spec: str,
+    tokens: np.ndarray,
+    ctx: int | None = None,
+) -> Result | None:
     """``tokens`` from position 0 on ``backend``, prefilled and one by one (FORWARD_MODES), against
     the reference's logits or its NumericError (decision forward.nonfinite): the first mode that
     does not pass, else None. The reference runs the file once for both modes."""
@@ -177,13 +212,33 @@ def _forward_fails(reference, backend, work: Workdir, path: Path, cid: str, spec
                 want[mode] = forward_calls(session, tokens, mode)
         finally:
             session.close()
-    except Exception as e:      # a file the reference accepts but cannot run: its own bug
-        return Result(cid, "forward", spec, backend.name, "error", "toleranced",
-                      detail=f"the reference failed on a file it accepts: {type(e).__name__}: {e}")
+    except Exception as e:  # a file the reference accepts but cannot run: its own bug
+        return Result(
+            cid,
+            "forward",
+            spec,
+            backend.name,
+            "error",
+            "toleranced",
+            detail=f"the reference failed on a file it accepts: {type(e).__name__}: {e}",
+        )
     for mode in FORWARD_MODES:
-        case = Case(f"{cid}/{mode}", "forward", "forward", spec, "toleranced",
-                    {"model": path, "tokens": tokens, "mode": mode, "ctx": ctx, "expected_from": "reference",
-                     "tolerance": "logits_runtime_vs_reference"}, want[mode])
+        case = Case(
+            f"{cid}/{mode}",
+            "forward",
+            "forward",
+            spec,
+            "toleranced",
+            {
+                "model": path,
+                "tokens": tokens,
+                "mode": mode,
+                "ctx": ctx,
+                "expected_from": "reference",
+                "tolerance": "logits_runtime_vs_reference",
+            },
+            want[mode],
+        )
         res = run_case(case, backend, work)
         if res.outcome != "pass":
             return res
@@ -194,7 +249,7 @@ def shrink(area, reference, backend, work: Workdir, base: Base, ops: list[dict],
     """The fewest of ``ops`` that still fail (one removed at a time while the failure stays)."""
     i = 0
     while len(ops) > 1 and i < len(ops):
-        trial = ops[:i] + ops[i + 1:]
+        trial = ops[:i] + ops[i + 1 :]
         path.write_bytes(apply(base.data, trial))
         if _judge(area, reference, backend, work, path, "shrink", "shrink")[1].outcome != "pass":
             ops = trial
@@ -203,8 +258,15 @@ def shrink(area, reference, backend, work: Workdir, base: Base, ops: list[dict],
     return ops
 
 
-def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, seconds: float | None = None,
-        corpus: Path | None = None, part: tuple[int, int] = (0, 1)) -> Campaign:
+def run(
+    backend,
+    area: str = "loader",
+    seed: int = 0,
+    count: int | None = 1000,
+    seconds: float | None = None,
+    corpus: Path | None = None,
+    part: tuple[int, int] = (0, 1),
+) -> Campaign:
     """One campaign: ``count`` mutants (or as many as fit in ``seconds``) of ``area`` on ``backend``.
     ``part`` (k, n): only the mutants whose index is k modulo n (run_parallel's share): every part
     draws the whole sequence, so mutant i is the same whatever n is."""
@@ -215,6 +277,7 @@ def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, 
     if area == "i2s":
         return i2s_campaign(backend, seed, count, seconds, part)
     from mlconf.backends.reference import ReferenceBackend
+
     reference = ReferenceBackend()
     _, suffix = AREAS[area]
     k, n = part
@@ -241,12 +304,21 @@ def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, 
             spec = f"fuzz seed {seed} mutant {index} of {base.name}, shrunk: {json.dumps(ops)}"
             status, res = _judge(area, reference, backend, work, path, cid, spec)
             c.failures.append(res)
-            entry = {"file": f"{area}/seed{seed}-{index}{suffix}", "index": index, "base": base.name,
-                     "mutate": ops, "expected": status, "got": res.got, "outcome": res.outcome,
-                     "backend": backend.name, "detail": res.detail}
+            entry = {
+                "file": f"{area}/seed{seed}-{index}{suffix}",
+                "index": index,
+                "base": base.name,
+                "mutate": ops,
+                "expected": status,
+                "got": res.got,
+                "outcome": res.outcome,
+                "backend": backend.name,
+                "detail": res.detail,
+            }
             c.reproducers.append(entry)
             if corpus is not None:
                 from mlconf.tools.files import atomic_write
+
                 (corpus / area).mkdir(parents=True, exist_ok=True)
                 atomic_write(corpus / entry["file"], [path.read_bytes()])
         work.close()
@@ -257,6 +329,7 @@ def run(backend, area: str = "loader", seed: int = 0, count: int | None = 1000, 
 def _part(name: str, timeout: float | None, args: tuple) -> Campaign:
     """A forked worker of run_parallel: a fresh backend of that name (its own worker process)."""
     from mlconf.backends import get
+
     b = get(name)
     if timeout is not None and hasattr(b, "timeout"):
         b.timeout = timeout
@@ -266,37 +339,60 @@ def _part(name: str, timeout: float | None, args: tuple) -> Campaign:
         getattr(b, "close", lambda: None)()
 
 
-def run_parallel(backend, area: str, seed: int, count: int | None, seconds: float | None,
-                 corpus: Path | None, jobs: int) -> Campaign:
+def run_parallel(
+    backend, area: str, seed: int, count: int | None, seconds: float | None, corpus: Path | None, jobs: int
+) -> Campaign:
     """run() over ``jobs`` forked processes, each on every jobs-th mutant: the mutants, failures
     and reproducers of a serial run (in index order); with ``seconds``, each part runs that long."""
     if jobs <= 1:
         return run(backend, area, seed, count, seconds, corpus)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+
     start = time.perf_counter()
     timeout = getattr(backend, "timeout", None)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        parts = list(pool.map(_part, [backend.name] * jobs, [timeout] * jobs,
-                              [(area, seed, count, seconds, corpus, (k, jobs)) for k in range(jobs)]))
+        parts = list(
+            pool.map(
+                _part,
+                [backend.name] * jobs,
+                [timeout] * jobs,
+                [(area, seed, count, seconds, corpus, (k, jobs)) for k in range(jobs)],
+            )
+        )
     c = Campaign(area, seed, sum(p.mutants for p in parts), sum(p.agreed for p in parts))
-    order = sorted(((r, e) for p in parts for r, e in zip(p.failures, p.reproducers, strict=True)),
-                   key=lambda t: t[1]["index"])
+    order = sorted(
+        ((r, e) for p in parts for r, e in zip(p.failures, p.reproducers, strict=True)),
+        key=lambda t: t[1]["index"],
+    )
     c.failures, c.reproducers = [r for r, _ in order], [e for _, e in order]
     c.seconds = time.perf_counter() - start
     return c
 
 
 # ---------------------------------------------------------------- forward: random valid models
-FLAG_CHOICES = (0, 1, 2, 3, 4, 5, 8)      # the layer-flag bytes the seed allows
-SIMPLER = {                                # feature -> the header values that turn it off
-    "rope scaling": {"rope_type": 0, "rope_factor": 0.0, "rope_low_freq_factor": 0.0,
-                     "rope_high_freq_factor": 0.0, "rope_orig_max_seq": 0, "rope_attn_factor": 0.0},
-    "biases": {"qkv_bias": 0}, "q/k norms": {"qk_norm": 0}, "post norms": {"post_norms": 0},
-    "gelu": {"act": 0}, "softcaps": {"attn_softcap": 0.0, "final_softcap": 0.0},
-    "scales": {"embed_scale": 0.0, "attn_scale": 0.0}, "window": {"sliding_window": 0},
-    "partial rope": {"rot_dim": 0}, "attention gate": {"attn_gate": 0}, "f16 scales": {"scale_f16": 0},
-    "q8 mask": {"q8_mask": 0}, "shared classifier": {"shared_classifier": 0},
+FLAG_CHOICES = (0, 1, 2, 3, 4, 5, 8)  # the layer-flag bytes the seed allows
+SIMPLER = {  # feature -> the header values that turn it off
+    "rope scaling": {
+        "rope_type": 0,
+        "rope_factor": 0.0,
+        "rope_low_freq_factor": 0.0,
+        "rope_high_freq_factor": 0.0,
+        "rope_orig_max_seq": 0,
+        "rope_attn_factor": 0.0,
+    },
+    "biases": {"qkv_bias": 0},
+    "q/k norms": {"qk_norm": 0},
+    "post norms": {"post_norms": 0},
+    "gelu": {"act": 0},
+    "softcaps": {"attn_softcap": 0.0, "final_softcap": 0.0},
+    "scales": {"embed_scale": 0.0, "attn_scale": 0.0},
+    "window": {"sliding_window": 0},
+    "partial rope": {"rot_dim": 0},
+    "attention gate": {"attn_gate": 0},
+    "f16 scales": {"scale_f16": 0},
+    "q8 mask": {"q8_mask": 0},
+    "shared classifier": {"shared_classifier": 0},
 }
 
 
@@ -305,6 +401,7 @@ def random_model(rng: np.random.Generator) -> tuple[dict, list[int] | None]:
     loader cases cover the extremes): every RoPE type, biases, q/k norms, head_dim, Gemma features,
     windows, layer flags, linear attention, Q8_0/Q4_0, f16 scales, q8_mask."""
     import math
+
     pick = lambda *v: v[int(rng.integers(0, len(v)))]  # noqa: E731
     n_kv = int(rng.integers(1, 3))
     n_heads = n_kv * int(rng.integers(1, 3))
@@ -315,17 +412,33 @@ def random_model(rng: np.random.Generator) -> tuple[dict, list[int] | None]:
     dim = 32 * int(rng.integers(1, 3)) if own_head else head_dim * n_heads
     wtype = pick(1, 2)
     n_layers = int(rng.integers(1, 4))
-    h = {"dim": dim, "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv,
-         "hidden_dim": 32 * int(rng.integers(1, 3)), "vocab": int(rng.integers(8, 40)), "max_seq": 32,
-         "rope_theta": pick(10000.0, 500000.0, 1e6), "norm_eps": pick(1e-5, 1e-6), "wtype": wtype,
-         "head_dim": head_dim if own_head else 0, "shared_classifier": pick(0, 1),
-         "q8_mask": int(rng.integers(0, 128)) if wtype == 2 and rng.random() < 0.5 else 0,
-         "qkv_bias": pick(0, 1), "qk_norm": pick(0, 1), "act": pick(0, 1), "post_norms": pick(0, 1),
-         "scale_f16": pick(0, 1), "embed_scale": pick(0.0, 0.0, 2.0), "attn_scale": pick(0.0, 0.0, 0.125),
-         "attn_softcap": pick(0.0, 0.0, 20.0), "final_softcap": pick(0.0, 0.0, 15.0),
-         "sliding_window": pick(0, 0, 2, 3),
-         "rot_dim": pick(0, 0, 2 * int(rng.integers(1, head_dim // 2 + 1))),
-         "attn_gate": pick(0, 0, 1)}
+    h = {
+        "dim": dim,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "hidden_dim": 32 * int(rng.integers(1, 3)),
+        "vocab": int(rng.integers(8, 40)),
+        "max_seq": 32,
+        "rope_theta": pick(10000.0, 500000.0, 1e6),
+        "norm_eps": pick(1e-5, 1e-6),
+        "wtype": wtype,
+        "head_dim": head_dim if own_head else 0,
+        "shared_classifier": pick(0, 1),
+        "q8_mask": int(rng.integers(0, 128)) if wtype == 2 and rng.random() < 0.5 else 0,
+        "qkv_bias": pick(0, 1),
+        "qk_norm": pick(0, 1),
+        "act": pick(0, 1),
+        "post_norms": pick(0, 1),
+        "scale_f16": pick(0, 1),
+        "embed_scale": pick(0.0, 0.0, 2.0),
+        "attn_scale": pick(0.0, 0.0, 0.125),
+        "attn_softcap": pick(0.0, 0.0, 20.0),
+        "final_softcap": pick(0.0, 0.0, 15.0),
+        "sliding_window": pick(0, 0, 2, 3),
+        "rot_dim": pick(0, 0, 2 * int(rng.integers(1, head_dim // 2 + 1))),
+        "attn_gate": pick(0, 0, 1),
+    }
     rope = int(rng.integers(0, 4))
     h["rope_type"] = rope
     if rope:
@@ -333,8 +446,12 @@ def random_model(rng: np.random.Generator) -> tuple[dict, list[int] | None]:
     if rope == 1:
         h.update(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_orig_max_seq=16)
     elif rope == 3:
-        h.update(rope_low_freq_factor=32.0, rope_high_freq_factor=1.0, rope_orig_max_seq=16,
-                 rope_attn_factor=pick(1.0, 1.1))
+        h.update(
+            rope_low_freq_factor=32.0,
+            rope_high_freq_factor=1.0,
+            rope_orig_max_seq=16,
+            rope_attn_factor=pick(1.0, 1.1),
+        )
     flags = None
     if rng.random() < 0.6:
         h["layer_flags"] = 1
@@ -345,28 +462,45 @@ def random_model(rng: np.random.Generator) -> tuple[dict, list[int] | None]:
         k = int(rng.integers(1, 3))
         v = 4 * k // math.gcd(4, k)
         dv_step = 32 // math.gcd(v, 32)
-        h.update(lin_k_heads=k, lin_v_heads=v, lin_k_dim=int(rng.integers(2, 9)),
-                 lin_v_dim=dv_step * int(rng.integers(1, max(2, 32 // (dv_step * v) + 1))),
-                 lin_conv=int(rng.integers(1, 5)))
+        h.update(
+            lin_k_heads=k,
+            lin_v_heads=v,
+            lin_k_dim=int(rng.integers(2, 9)),
+            lin_v_dim=dv_step * int(rng.integers(1, max(2, 32 // (dv_step * v) + 1))),
+            lin_conv=int(rng.integers(1, 5)),
+        )
     return h, flags
 
 
 def _write_model(path: Path, h: dict, flags: list[int] | None, seed: int) -> None:
     from mlconf.tools import mlb
+
     full = mlb.full_header(h)
-    mlb.write(path, full, fixtures.random_weights(full, flags, np.random.default_rng(seed)), flags=flags,
-              q4_rule="round" if seed % 2 else "search")
+    mlb.write(
+        path,
+        full,
+        fixtures.random_weights(full, flags, np.random.default_rng(seed)),
+        flags=flags,
+        q4_rule="round" if seed % 2 else "search",
+    )
 
 
-MODEL_TOKENS = np.array([1, 2, 3, 4])    # what a random model is run on
+MODEL_TOKENS = np.array([1, 2, 3, 4])  # what a random model is run on
 
 
-def forward_campaign(backend, seed: int, count: int | None, seconds: float | None, corpus: Path | None,
-                     part: tuple[int, int] = (0, 1)) -> Campaign:
+def forward_campaign(
+    backend,
+    seed: int,
+    count: int | None,
+    seconds: float | None,
+    corpus: Path | None,
+    part: tuple[int, int] = (0, 1),
+) -> Campaign:
     """Random valid models (random_model) prefilled and decoded on ``backend`` against the
     reference within logits_runtime_vs_reference. A failing model is shrunk: each feature of
     SIMPLER turned off, and layers dropped, while it still fails."""
     from mlconf.backends.reference import ReferenceBackend
+
     reference = ReferenceBackend()
     k, n = part
     rng = np.random.default_rng(seed)
@@ -389,8 +523,15 @@ def forward_campaign(backend, seed: int, count: int | None, seconds: float | Non
                 continue
             h, flags, res = _shrink_model(reference, backend, work, h, flags, seed + index, cid, res)
             c.failures.append(res)
-            entry = {"file": f"forward/seed{seed}-{index}.mlb", "index": index, "header": h, "flags": flags,
-                     "outcome": res.outcome, "backend": backend.name, "detail": res.detail}
+            entry = {
+                "file": f"forward/seed{seed}-{index}.mlb",
+                "index": index,
+                "header": h,
+                "flags": flags,
+                "outcome": res.outcome,
+                "backend": backend.name,
+                "detail": res.detail,
+            }
             c.reproducers.append(entry)
             if corpus is not None:
                 (corpus / "forward").mkdir(parents=True, exist_ok=True)
@@ -399,16 +540,16 @@ def forward_campaign(backend, seed: int, count: int | None, seconds: float | Non
     return c
 
 
-def _shrink_model(reference, backend, work: Workdir, h: dict, flags, weight_seed: int, cid: str,
-                  res: Result):
+def _shrink_model(reference, backend, work: Workdir, h: dict, flags, weight_seed: int, cid: str, res: Result):
     """Turn features off, and drop layers, while the model still fails."""
     path = Path(work.root) / "shrink.mlb"
 
     def fails(hh, ff, tag):
         from mlconf.backends.reference import loader
+
         try:
             _write_model(path, hh, ff, weight_seed)
-        except Exception:            # not a valid model once simplified: keep the feature
+        except Exception:  # not a valid model once simplified: keep the feature
             return None
         if not loader.load(path).ok:
             return None
@@ -461,6 +602,7 @@ def random_i2s(rng: np.random.Generator, cid: str, spec: str) -> Case:
     """One I2_S call (pack, act or matmul) on random or adversarial inputs, the reference backend's
     answer as its expectation (bit-exact)."""
     from mlconf.cases import i2s_payload_bytes, pack_codes
+
     op = str(rng.choice(["pack", "act", "matmul"]))
     rows, cols, n = int(rng.integers(1, 9)), 128 * int(rng.integers(1, 5)), int(rng.integers(1, 5))
     common = {"op": op, "expected_from": "reference"}
@@ -470,12 +612,19 @@ def random_i2s(rng: np.random.Generator, cid: str, spec: str) -> Case:
         return Case(cid, "bitnet", "i2s", spec, "bit-exact", {**common, "x": _values(rng, (n, cols))})
     codes = rng.integers(0, 3, rows * cols).astype(np.uint8)
     payload = i2s_payload_bytes(pack_codes(codes), float(np.float32(rng.uniform(1e-3, 2))))
-    return Case(cid, "bitnet", "i2s", spec, "bit-exact",
-                {**common, "payload": payload, "shape": (rows, cols), "x": _values(rng, (n, cols))})
+    return Case(
+        cid,
+        "bitnet",
+        "i2s",
+        spec,
+        "bit-exact",
+        {**common, "payload": payload, "shape": (rows, cols), "x": _values(rng, (n, cols))},
+    )
 
 
-def i2s_campaign(backend, seed: int, count: int | None, seconds: float | None,
-                 part: tuple[int, int] = (0, 1)) -> Campaign:
+def i2s_campaign(
+    backend, seed: int, count: int | None, seconds: float | None, part: tuple[int, int] = (0, 1)
+) -> Campaign:
     """Random and adversarial I2_S packs, activations and matmuls, bit-exact against the reference."""
     k, n = part
     rng = np.random.default_rng(seed)
@@ -493,8 +642,15 @@ def i2s_campaign(backend, seed: int, count: int | None, seconds: float | None,
                 c.agreed += 1
                 continue
             c.failures.append(res)
-            c.reproducers.append({"index": index, "op": case.params["op"], "outcome": res.outcome,
-                                  "backend": backend.name, "detail": res.detail})
+            c.reproducers.append(
+                {
+                    "index": index,
+                    "op": case.params["op"],
+                    "outcome": res.outcome,
+                    "backend": backend.name,
+                    "detail": res.detail,
+                }
+            )
     c.seconds = time.perf_counter() - start
     return c
 
@@ -503,18 +659,33 @@ def summary_result(c: Campaign, backend_name: str) -> Result:
     """One record per campaign: how many mutants gave the reference's status."""
     want, got = f"{c.mutants} agree", f"{c.agreed} agree"
     text = f"{c.agreed} of {c.mutants} mutants gave the reference's status"
-    return Result(f"fuzz/{c.area}/seed{c.seed}/agreed", c.area, f"fuzz seed {c.seed}, {c.mutants} mutants",
-                  backend_name, "pass" if c.agreed == c.mutants else "fail", "status", want, got, text,
-                  {"expected": want, "got": got, "reason": text}, output_kind="statuses",
-                  capability=AREAS[c.area][0])
+    return Result(
+        f"fuzz/{c.area}/seed{c.seed}/agreed",
+        c.area,
+        f"fuzz seed {c.seed}, {c.mutants} mutants",
+        backend_name,
+        "pass" if c.agreed == c.mutants else "fail",
+        "status",
+        want,
+        got,
+        text,
+        {"expected": want, "got": got, "reason": text},
+        output_kind="statuses",
+        capability=AREAS[c.area][0],
+    )
 
 
 def write_manifest(corpus: Path, campaigns: list[Campaign]) -> Path:
     from mlconf.tools.files import atomic_write
-    doc = {"format": "mlconf fuzz corpus v1", "statuses": specs.load("mlb_errors")["statuses"],
-           "campaigns": [{"area": c.area, "seed": c.seed, "mutants": c.mutants, "agreed": c.agreed}
-                         for c in campaigns],
-           "reproducers": [r for c in campaigns for r in c.reproducers]}
+
+    doc = {
+        "format": "mlconf fuzz corpus v1",
+        "statuses": specs.load("mlb_errors")["statuses"],
+        "campaigns": [
+            {"area": c.area, "seed": c.seed, "mutants": c.mutants, "agreed": c.agreed} for c in campaigns
+        ],
+        "reproducers": [r for c in campaigns for r in c.reproducers],
+    }
     corpus.mkdir(parents=True, exist_ok=True)
     atomic_write(corpus / "manifest.json", [json.dumps(doc, indent=1).encode()])
     return corpus / "manifest.json"

@@ -40,8 +40,11 @@ def _sentencepiece(flags: int = 1) -> Tokenizer:
     pieces = [SP_SPACE, b"a", b"b", SP_SPACE + b"a", b"ab", SP_SPACE + b"ab"]
     tokens += [(ATTR_PLAIN, p) for p in pieces]
     ids = {p: i for i, (a, p) in enumerate(tokens) if a == ATTR_PLAIN}
-    merges = [(ids[SP_SPACE], ids[b"a"], ids[SP_SPACE + b"a"]), (ids[b"a"], ids[b"b"], ids[b"ab"]),
-              (ids[SP_SPACE + b"a"], ids[b"b"], ids[SP_SPACE + b"ab"])]
+    merges = [
+        (ids[SP_SPACE], ids[b"a"], ids[SP_SPACE + b"a"]),
+        (ids[b"a"], ids[b"b"], ids[b"ab"]),
+        (ids[SP_SPACE + b"a"], ids[b"b"], ids[SP_SPACE + b"ab"]),
+    ]
     return Tokenizer(1, flags, 0, 1, tokens, merges)
 
 
@@ -76,15 +79,22 @@ def _token_id(tok: Tokenizer, ref) -> int:
     return int(ref)
 
 
-HEADER_FIELDS = {"version": (4, "<I"), "kind": (8, "<I"), "n_vocab": (12, "<I"), "n_merges": (16, "<I"),
-                 "bos": (20, "<i"), "eos": (24, "<i"), "flags": (28, "<I")}
+HEADER_FIELDS = {
+    "version": (4, "<I"),
+    "kind": (8, "<I"),
+    "n_vocab": (12, "<I"),
+    "n_merges": (16, "<I"),
+    "bos": (20, "<i"),
+    "eos": (24, "<i"),
+    "flags": (28, "<I"),
+}
 
 
 def mutate(tok: Tokenizer, ops: list[dict]) -> bytes:
     """specs/mlt.yaml case mutations: record-level edits first rebuild the bytes, then byte edits."""
     tok = Tokenizer(tok.kind, tok.flags, tok.bos, tok.eos, list(tok.tokens), list(tok.merges))
     for op in ops:
-        (kind, arg), = op.items()
+        ((kind, arg),) = op.items()
         if kind == "token_record":
             tok.tokens[_token_id(tok, arg["id"])] = (arg["attr"], bytes.fromhex(arg["bytes_hex"]))
         elif kind == "merge":
@@ -98,16 +108,16 @@ def mutate(tok: Tokenizer, ops: list[dict]) -> bytes:
             tok.merges[i] = (right, left, merged)
     b = bytearray(mlt.to_bytes(tok))
     for op in ops:
-        (kind, arg), = op.items()
+        ((kind, arg),) = op.items()
         if kind == "set":
             for k, v in arg.items():
                 off, fmt = HEADER_FIELDS[k]
-                b[off: off + 4] = struct.pack(fmt, v)
+                b[off : off + 4] = struct.pack(fmt, v)
         elif kind == "set_n_merges_delta":
             b[16:20] = struct.pack("<I", len(tok.merges) + arg)
         elif kind == "token_len":
             off = _record_offset(bytes(b), arg["id"])
-            b[off + 1: off + 5] = struct.pack("<I", arg["value"])
+            b[off + 1 : off + 5] = struct.pack("<I", arg["value"])
         elif kind == "token_attr":
             b[_record_offset(bytes(b), arg["id"])] = arg["value"]
         elif byte_ops.apply(b, kind, arg):
@@ -120,12 +130,21 @@ def mutate(tok: Tokenizer, ops: list[dict]) -> bytes:
 def catalog():
     """Fixture records (mlconf.fixtures.Fixture) of every tokenizer fixture."""
     from mlconf.fixtures import Fixture
-    out = [Fixture(f"tokenizer/valid/{n}.mlt", "valid", "ML_OK", [why], base=n)
-           for n, (_, why) in BASES.items()]
+
+    out = [
+        Fixture(f"tokenizer/valid/{n}.mlt", "valid", "ML_OK", [why], base=n) for n, (_, why) in BASES.items()
+    ]
     for r in specs.load("mlt")["rules"]:
         for c in r["cases"]:
-            f = Fixture(f"tokenizer/malformed/{r['id']}/{c['name']}.mlt", "malformed", r["status"],
-                        [r["meaning"]], r["id"], c.get("base", "bl"), c.get("mutate", []))
+            f = Fixture(
+                f"tokenizer/malformed/{r['id']}/{c['name']}.mlt",
+                "malformed",
+                r["status"],
+                [r["meaning"]],
+                r["id"],
+                c.get("base", "bl"),
+                c.get("mutate", []),
+            )
             f.model_vocab = c.get("model_vocab")
             out.append(f)
     return out

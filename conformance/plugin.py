@@ -27,12 +27,27 @@ class UnsupportedOutcome(Exception):
 
 def pytest_addoption(parser):
     g = parser.getgroup("mlconf")
-    g.addoption("--mlconf-backend", action="append", default=None, metavar="NAME", dest="mlconf_backend",
-                help="mlconf backend to test (repeatable; default: reference)")
-    g.addoption("--mlconf-strict-unsupported", action="store_true", dest="mlconf_strict_unsupported",
-                help="report cases a backend does not support as failures")
-    g.addoption("--mlconf-target-version", default=None, metavar="X.Y.Z", dest="mlconf_target_version",
-                help="gate a runtime of this Krafla version (as mlconf run --target-version)")
+    g.addoption(
+        "--mlconf-backend",
+        action="append",
+        default=None,
+        metavar="NAME",
+        dest="mlconf_backend",
+        help="mlconf backend to test (repeatable; default: reference)",
+    )
+    g.addoption(
+        "--mlconf-strict-unsupported",
+        action="store_true",
+        dest="mlconf_strict_unsupported",
+        help="report cases a backend does not support as failures",
+    )
+    g.addoption(
+        "--mlconf-target-version",
+        default=None,
+        metavar="X.Y.Z",
+        dest="mlconf_target_version",
+        help="gate a runtime of this Krafla version (as mlconf run --target-version)",
+    )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -44,23 +59,36 @@ def pytest_load_initial_conftests(early_config, parser, args):
     taken = {name for g in groups if g is not None for opt in g.options for name in opt.names()}
     g = parser.getgroup("mlconf")
     if "--backend" not in taken:
-        g.addoption("--backend", action="append", default=None, metavar="NAME", dest="mlconf_backend_old",
-                    help="deprecated: --mlconf-backend")
+        g.addoption(
+            "--backend",
+            action="append",
+            default=None,
+            metavar="NAME",
+            dest="mlconf_backend_old",
+            help="deprecated: --mlconf-backend",
+        )
     if "--strict-unsupported" not in taken:
-        g.addoption("--strict-unsupported", action="store_true", dest="mlconf_strict_unsupported_old",
-                    help="deprecated: --mlconf-strict-unsupported")
+        g.addoption(
+            "--strict-unsupported",
+            action="store_true",
+            dest="mlconf_strict_unsupported_old",
+            help="deprecated: --mlconf-strict-unsupported",
+        )
     return result
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "mlconf: a conformance case of the mlconf suite")
-    _target(config)   # a malformed --mlconf-target-version is a usage error before collection
-    for old, dest in (("--backend", "mlconf_backend_old"),
-                      ("--strict-unsupported", "mlconf_strict_unsupported_old")):
+    _target(config)  # a malformed --mlconf-target-version is a usage error before collection
+    for old, dest in (
+        ("--backend", "mlconf_backend_old"),
+        ("--strict-unsupported", "mlconf_strict_unsupported_old"),
+    ):
         if getattr(config.option, dest, None):
             config.issue_config_time_warning(
                 pytest.PytestDeprecationWarning(f"mlconf: {old} is deprecated, use {_DEPRECATED[old]}"),
-                stacklevel=2)
+                stacklevel=2,
+            )
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -69,6 +97,7 @@ def pytest_collection_modifyitems(session, config, items):
     if not any("mlconf_case" in getattr(item, "fixturenames", ()) for item in items):
         return
     from mlconf.backends import BackendError, check_name
+
     for name in _backends(config):
         try:
             check_name(name)
@@ -77,13 +106,18 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def _backends(config) -> list[str]:
-    return (config.getoption("mlconf_backend") or getattr(config.option, "mlconf_backend_old", None)
-            or ["reference"])
+    return (
+        config.getoption("mlconf_backend")
+        or getattr(config.option, "mlconf_backend_old", None)
+        or ["reference"]
+    )
 
 
 def _strict(config) -> bool:
-    return bool(config.getoption("mlconf_strict_unsupported")
-                or getattr(config.option, "mlconf_strict_unsupported_old", False))
+    return bool(
+        config.getoption("mlconf_strict_unsupported")
+        or getattr(config.option, "mlconf_strict_unsupported_old", False)
+    )
 
 
 def _target(config):
@@ -91,6 +125,7 @@ def _target(config):
     if text is None:
         return None
     from mlconf import specs
+
     try:
         return specs.parse_version(text)
     except ValueError as e:
@@ -101,6 +136,7 @@ def pytest_generate_tests(metafunc):
     if "mlconf_case" not in metafunc.fixturenames:
         return
     from mlconf import cases as cases_mod
+
     area = getattr(metafunc.module, "AREA", None)
     selected = cases_mod.collect([area] if area else None, target_version=_target(metafunc.config))
     if not selected:
@@ -109,7 +145,7 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("mlconf_case", selected, ids=[c.id for c in selected])
 
 
-_BACKENDS: dict = {}   # (name, target version) -> backend, once per process
+_BACKENDS: dict = {}  # (name, target version) -> backend, once per process
 
 
 @pytest.fixture(scope="session")
@@ -118,6 +154,7 @@ def mlconf_backend(mlconf_backend_name, pytestconfig):
     key = (mlconf_backend_name, target)
     if key not in _BACKENDS:
         from mlconf.backends import get
+
         b = get(mlconf_backend_name)
         if target is not None and hasattr(b, "set_target_version"):
             b.set_target_version(target)
@@ -128,6 +165,7 @@ def mlconf_backend(mlconf_backend_name, pytestconfig):
 @pytest.fixture(scope="session")
 def mlconf_workdir(tmp_path_factory):
     from mlconf import runner
+
     return runner.Workdir(tmp_path_factory.mktemp("mlconf-fixtures"))
 
 
@@ -135,6 +173,7 @@ def check(case, backend, work):
     """Run one case (runner.Result) and turn its outcome into pytest's: fail/error raise,
     unsupported is U."""
     from mlconf import runner
+
     if case.params.get("expected_from") == backend.name:
         pytest.skip(f"a cross-backend case: {backend.name} is its own expectation")
     res = runner.run_case(case, backend, work)

@@ -28,10 +28,12 @@ import numpy as np
 OUTCOMES = ("pass", "fail", "unsupported", "error", "crash", "timeout")
 COMPARES = ("status", "bit-exact", "refused", "toleranced", "ids")
 OUTPUT_KINDS = ("statuses", "quantizer bytes", "logits", "ids", "embeddings", "i2s bytes")
-FAILING = ("fail", "error", "crash", "timeout")       # what makes a run fail
-RAN = ("pass", "fail")                                 # outcomes that reached a comparison
-ARRAY_KEYS = {"logits": ("differ", "max_abs", "max_ulp", "nmse", "argmax"),
-              "embeddings": ("differ", "max_abs", "max_ulp", "nmse", "cosine")}
+FAILING = ("fail", "error", "crash", "timeout")  # what makes a run fail
+RAN = ("pass", "fail")  # outcomes that reached a comparison
+ARRAY_KEYS = {
+    "logits": ("differ", "max_abs", "max_ulp", "nmse", "argmax"),
+    "embeddings": ("differ", "max_abs", "max_ulp", "nmse", "cosine"),
+}
 
 
 def failing(outcome: str, gate: bool | frozenset[str] = False, capability: str | None = None) -> bool:
@@ -122,7 +124,7 @@ def distances(result) -> dict | None:
         return None
     if kind in ARRAY_KEYS:
         if "max_abs" not in m:
-            return None     # wrong dtype or shape: the detail says which
+            return None  # wrong dtype or shape: the detail says which
         return {k: json_value(m[k]) for k in ARRAY_KEYS[kind] if k in m}
     if kind == "ids":
         return {k: m.get(k) for k in ("first_diff", "len_expected", "len_got")}

@@ -31,8 +31,8 @@ from typing import Any
 
 OUTCOMES = ("pass", "fail", "unsupported", "error", "crash", "timeout")
 BAD = ("fail", "crash", "timeout", "error")  # the failures list's order: most useful first
-MAX_VALUE_CHARS = 2000   # expected / got longer than this (as JSON) are embedded as a preview
-MAX_FAILURES = 300       # listed at the top; the rest stay reachable through the matrix
+MAX_VALUE_CHARS = 2000  # expected / got longer than this (as JSON) are embedded as a preview
+MAX_FAILURES = 300  # listed at the top; the rest stay reachable through the matrix
 
 
 def _e(value: Any) -> str:
@@ -86,21 +86,28 @@ def _preview(value: Any) -> Any:
 def _script_json(data: Any) -> str:
     """JSON safe inside <script>: no '<', '>' or '&' survives, so '</script>' cannot end it."""
     text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return (text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+    return (
+        text.replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _tolerances() -> dict[str, dict]:
     try:
         from mlconf import specs
+
         table = specs.load("tolerances") or {}
     except Exception:  # a report is still worth having without the thresholds
         return {}
     out = {}
     for name, entry in table.items():
         if isinstance(entry, dict):
-            out[name] = {k: v for k, v in entry.items()
-                         if isinstance(v, int | float) and not isinstance(v, bool)}
+            out[name] = {
+                k: v for k, v in entry.items() if isinstance(v, int | float) and not isinstance(v, bool)
+            }
     return out
 
 
@@ -138,6 +145,7 @@ def _cell_title(counts: Counter) -> str:
 
 
 # ---- model ---------------------------------------------------------------------------------------
+
 
 class _Model:
     """The results dict indexed for the page: backends, areas and features in a stable order."""
@@ -177,8 +185,10 @@ class _Model:
         self.b_index = {b: i for i, b in enumerate(self.backends)}
         self.cells: dict[tuple[int, int], Counter] = {}
         for r in self.records:
-            key = (self.f_index[str(r.get("spec") or r.get("case") or "?")],
-                   self.b_index[str(r.get("backend", ""))])
+            key = (
+                self.f_index[str(r.get("spec") or r.get("case") or "?")],
+                self.b_index[str(r.get("backend", ""))],
+            )
             self.cells.setdefault(key, Counter())[str(r.get("outcome"))] += 1
         self.tolerances = _tolerances()
 
@@ -187,8 +197,20 @@ class _Model:
         distinct values, "i": N indices}`` for a field with few distinct values: the detail of every
         unsupported case is the same few strings). The spec row and the backend are the indices
         ``f`` and ``b`` into ``features`` and ``backends``; a value null means the field is absent."""
-        fields = ("case", "f", "b", "outcome", "compare", "output_kind", "tolerance", "expected", "got",
-                  "detail", "distances", "output_sha256")
+        fields = (
+            "case",
+            "f",
+            "b",
+            "outcome",
+            "compare",
+            "output_kind",
+            "tolerance",
+            "expected",
+            "got",
+            "detail",
+            "distances",
+            "output_sha256",
+        )
         cols: dict[str, list] = {k: [] for k in fields}
         for r in self.records:
             cols["case"].append(str(r.get("case", "")))
@@ -227,10 +249,12 @@ class _Model:
 
 # ---- sections ------------------------------------------------------------------------------------
 
+
 def _header(m: _Model) -> str:
     counts = Counter(str(r.get("outcome")) for r in m.records)
-    badges = "".join(f'<span class="badge o-{_e(o)}">{_e(o)} <b>{counts[o]}</b></span>'
-                     for o in _ordered_outcomes(counts))
+    badges = "".join(
+        f'<span class="badge o-{_e(o)}">{_e(o)} <b>{counts[o]}</b></span>' for o in _ordered_outcomes(counts)
+    )
     opts = []
     for key in ("k", "strict", "jobs", "fail_fast", "timeout", "target_version"):
         if key in m.run and m.run[key] not in (None, False):
@@ -242,11 +266,13 @@ def _header(m: _Model) -> str:
         b = info.get(name, {})
         caps = ", ".join(str(c) for c in b.get("capabilities") or [])
         mine = Counter({o: n for (bn, o), n in per_backend.items() if bn == name})
-        rows.append(f"<tr><th>{_e(name)}</th><td>{_e(b.get('description', ''))}</td>"
-                    f"<td class=caps>{_e(caps)}</td>"
-                    f"<td class={cell_class(mine)}>{_e(_cell_title(mine))}</td></tr>")
+        rows.append(
+            f"<tr><th>{_e(name)}</th><td>{_e(b.get('description', ''))}</td>"
+            f"<td class=caps>{_e(caps)}</td>"
+            f"<td class={cell_class(mine)}>{_e(_cell_title(mine))}</td></tr>"
+        )
     return (
-        f'<header><h1>mlconf report</h1><p class=meta>mlconf {_e(m.version)}'
+        f"<header><h1>mlconf report</h1><p class=meta>mlconf {_e(m.version)}"
         + (f" \u00b7 {_e(m.schema)}" if m.schema else "")
         + f" \u00b7 {len(m.records)} case runs on {len(m.backends)} backend(s)"
         + (f" \u00b7 {' '.join(opts)}" if opts else "")
@@ -270,17 +296,24 @@ def _failures(m: _Model) -> str:
         if len(detail) > 240:
             detail = detail[:240] + "\u2026"
         dist = r.get("distances") or {}
-        dist_text = " ".join(f"{k} {_num(v)}" for k, v in dist.items() if _is_metric(v)) \
-            if isinstance(dist, dict) else ""
+        dist_text = (
+            " ".join(f"{k} {_num(v)}" for k, v in dist.items() if _is_metric(v))
+            if isinstance(dist, dict)
+            else ""
+        )
         items.append(
             f'<li><a href="#r{i}"><span class="badge o-{_e(r.get("outcome"))}">{_e(r.get("outcome"))}</span> '
-            f'<b>{_e(r.get("backend"))}</b> <code>{_e(r.get("case"))}</code></a>'
-            f' <span class=detail>{_e(detail)}</span>'
-            + (f' <span class=dist>{_e(dist_text)}</span>' if dist_text else "") + "</li>")
-    more = (f"<p class=meta>\u2026 and {len(bad) - MAX_FAILURES} more (see the matrix)</p>"
-            if len(bad) > MAX_FAILURES else "")
-    return (f'<section id="failures"><h2>Failures ({len(bad)})</h2><ol>{"".join(items)}</ol>'
-            f"{more}</section>")
+            f"<b>{_e(r.get('backend'))}</b> <code>{_e(r.get('case'))}</code></a>"
+            f" <span class=detail>{_e(detail)}</span>"
+            + (f" <span class=dist>{_e(dist_text)}</span>" if dist_text else "")
+            + "</li>"
+        )
+    more = (
+        f"<p class=meta>\u2026 and {len(bad) - MAX_FAILURES} more (see the matrix)</p>"
+        if len(bad) > MAX_FAILURES
+        else ""
+    )
+    return f'<section id="failures"><h2>Failures ({len(bad)})</h2><ol>{"".join(items)}</ol>{more}</section>'
 
 
 def _matrix(m: _Model) -> str:
@@ -295,33 +328,42 @@ def _matrix(m: _Model) -> str:
             c = Counter()
             for f in feats:
                 c.update(m.cells.get((m.f_index[f], bi), Counter()))
-            agg_cells.append(f'<td class="{cell_class(c)}" title="{_e(_cell_title(c))}">'
-                             f'{_e(_cell_text(c))}</td>')
-        rows = [f'<tr class=area-head><th><button type=button class=toggle aria-expanded=true>'
-                f'{_e(area)} <small>({len(feats)} features)</small></button></th>{"".join(agg_cells)}</tr>']
+            agg_cells.append(
+                f'<td class="{cell_class(c)}" title="{_e(_cell_title(c))}">{_e(_cell_text(c))}</td>'
+            )
+        rows = [
+            f"<tr class=area-head><th><button type=button class=toggle aria-expanded=true>"
+            f"{_e(area)} <small>({len(feats)} features)</small></button></th>{''.join(agg_cells)}</tr>"
+        ]
         for f in feats:
             fi = m.f_index[f]
             file, _, row = f.partition("#")
-            name = (f'<span class=file>{_e(file)}#</span>{_e(row)}' if row else _e(f))
+            name = f"<span class=file>{_e(file)}#</span>{_e(row)}" if row else _e(f)
             cells = []
             for bi in range(len(m.backends)):
                 c = m.cells.get((fi, bi), Counter())
                 if not c:
-                    cells.append('<td class=none>\u00b7</td>')
+                    cells.append("<td class=none>\u00b7</td>")
                     continue
-                cells.append(f'<td class="{cell_class(c)}" title="{_e(_cell_title(c))}">'
-                             f'<a href="#c{fi}.{bi}">{_e(_cell_text(c))}</a></td>')
+                cells.append(
+                    f'<td class="{cell_class(c)}" title="{_e(_cell_title(c))}">'
+                    f'<a href="#c{fi}.{bi}">{_e(_cell_text(c))}</a></td>'
+                )
             rows.append(f"<tr><th class=feat>{name}</th>{''.join(cells)}</tr>")
         bodies.append(f'<tbody class=area data-area="{_e(area)}">{"".join(rows)}</tbody>')
-    legend = ('<p class=legend><span class="key ok">all pass</span><span class="key mixed">pass + '
-              'unsupported</span><span class="key unsup">unsupported only</span><span class="key bad">'
-              'any fail / error / crash / timeout</span> \u2717 failed \u2713 passed \u2013 unsupported'
-              ' \u00b7 click a cell for its cases, an area to fold it '
-              '<button type=button id=fold-all>fold all</button>'
-              '<button type=button id=unfold-all>unfold all</button></p>')
-    return (f'<section id="features"><h2>Features \u00d7 backends</h2>{legend}'
-            f'<table id="matrix" class=matrix><thead><tr><th>feature (spec row)</th>{head}</tr></thead>'
-            f'{"".join(bodies)}</table></section>')
+    legend = (
+        '<p class=legend><span class="key ok">all pass</span><span class="key mixed">pass + '
+        'unsupported</span><span class="key unsup">unsupported only</span><span class="key bad">'
+        "any fail / error / crash / timeout</span> \u2717 failed \u2713 passed \u2013 unsupported"
+        " \u00b7 click a cell for its cases, an area to fold it "
+        "<button type=button id=fold-all>fold all</button>"
+        "<button type=button id=unfold-all>unfold all</button></p>"
+    )
+    return (
+        f'<section id="features"><h2>Features \u00d7 backends</h2>{legend}'
+        f'<table id="matrix" class=matrix><thead><tr><th>feature (spec row)</th>{head}</tr></thead>'
+        f"{''.join(bodies)}</table></section>"
+    )
 
 
 TOLERANCED_KINDS = ("logits", "embeddings")  # compared within a tolerance, bit-identity not required
@@ -338,8 +380,10 @@ def _share_colour(share: float, toleranced: bool = False) -> str:
 
 def _bitexact(m: _Model) -> str:
     if not m.matrix:
-        return ('<section id="bitexact"><h2>Cross-backend bit-exactness</h2>'
-                '<p class=meta>No cross-backend comparison in these results.</p></section>')
+        return (
+            '<section id="bitexact"><h2>Cross-backend bit-exactness</h2>'
+            "<p class=meta>No cross-backend comparison in these results.</p></section>"
+        )
     kinds: list[str] = []
     for e in m.matrix:
         if str(e.get("kind")) not in kinds:
@@ -374,29 +418,40 @@ def _bitexact(m: _Model) -> str:
                 if not isinstance(share, int | float) or isinstance(share, bool):
                     share = identical / compared if compared else None
                 worst = e.get("worst") or {}
-                worst_text = (", ".join(f"{k} {_num(v)}" for k, v in worst.items())
-                              if isinstance(worst, dict) and worst else "none")
-                title = (f"{a} vs {b}, {kind}: {identical} of {compared} bit-identical; "
-                         f"worst otherwise: {worst_text}")
+                worst_text = (
+                    ", ".join(f"{k} {_num(v)}" for k, v in worst.items())
+                    if isinstance(worst, dict) and worst
+                    else "none"
+                )
+                title = (
+                    f"{a} vs {b}, {kind}: {identical} of {compared} bit-identical; "
+                    f"worst otherwise: {worst_text}"
+                )
                 if share is None:
                     cells.append(f'<td class=none title="{_e(title)}">\u2013</td>')
                     continue
-                cells.append(f'<td class=share style="background:{_share_colour(share, toleranced)}" '
-                             f'title="{_e(title)}">{round(100 * share)}%'
-                             f'<small>{_e(identical)}/{_e(compared)}</small></td>')
+                cells.append(
+                    f'<td class=share style="background:{_share_colour(share, toleranced)}" '
+                    f'title="{_e(title)}">{round(100 * share)}%'
+                    f"<small>{_e(identical)}/{_e(compared)}</small></td>"
+                )
             rows.append(f"<tr><th>{_e(a)}</th>{''.join(cells)}</tr>")
         head = "".join(f"<th>{_e(n)}</th>" for n in names)
         note = " <small>(toleranced)</small>" if toleranced else ""
-        tables.append(f'<div class=kind><h3>{_e(kind)}{note}</h3><table class="plain bx"><thead><tr><th></th>'
-                      f'{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
-    return ('<section id="bitexact"><h2>Cross-backend bit-exactness</h2>'
-            '<p class=meta>Share of the cases both backends ran whose outputs are bit-identical; '
-            'hover or click a cell for the worst distance of the others. Red to green where the output '
-            'must be bit-exact; blue for toleranced outputs (logits, embeddings), which pass within '
-            'their tolerance without being bit-identical.</p>'
-            f'<div class=kinds>{"".join(tables)}</div><p class=worst id=worst-out></p>'
-            + (f'<p class=meta>No case of {_e(", ".join(idle))} ran on two backends.</p>' if idle else "")
-            + "</section>")
+        tables.append(
+            f'<div class=kind><h3>{_e(kind)}{note}</h3><table class="plain bx"><thead><tr><th></th>'
+            f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        )
+    return (
+        '<section id="bitexact"><h2>Cross-backend bit-exactness</h2>'
+        "<p class=meta>Share of the cases both backends ran whose outputs are bit-identical; "
+        "hover or click a cell for the worst distance of the others. Red to green where the output "
+        "must be bit-exact; blue for toleranced outputs (logits, embeddings), which pass within "
+        "their tolerance without being bit-identical.</p>"
+        f"<div class=kinds>{''.join(tables)}</div><p class=worst id=worst-out></p>"
+        + (f"<p class=meta>No case of {_e(', '.join(idle))} ran on two backends.</p>" if idle else "")
+        + "</section>"
+    )
 
 
 def _nmse(r: dict) -> float | str | None:
@@ -420,15 +475,20 @@ def _plot(m: _Model, kind: str, items: list[tuple[int, dict, float | str]]) -> s
     an inf/nan column, and each tolerance's threshold as a dashed line through its own rows (two
     tolerances of one output kind, e.g. against the oracle and against the reference, have
     different thresholds, and a dot is judged by its own)."""
+
     def row_key(r: dict) -> tuple[str, str]:
         return str(r.get("backend")), str(r.get("tolerance") or "")
 
-    rows = sorted({row_key(r) for _, r, _ in items},
-                  key=lambda k: (m.b_index.get(k[0], len(m.backends)), k[0], k[1]))
+    rows = sorted(
+        {row_key(r) for _, r, _ in items}, key=lambda k: (m.b_index.get(k[0], len(m.backends)), k[0], k[1])
+    )
     row_of = {k: n for n, k in enumerate(rows)}
     names = sorted({k[1] for k in rows if k[1]})
-    limit = {n: float(t) for n in names
-             if isinstance(t := m.tolerances.get(n, {}).get("nmse"), int | float) and t > 0}
+    limit = {
+        n: float(t)
+        for n in names
+        if isinstance(t := m.tolerances.get(n, {}).get("nmse"), int | float) and t > 0
+    }
     thresholds: dict[float, list[str]] = {}
     for n, t in limit.items():
         thresholds.setdefault(t, []).append(n)
@@ -439,7 +499,7 @@ def _plot(m: _Model, kind: str, items: list[tuple[int, dict, float | str]]) -> s
     if hi <= lo:
         hi = lo + 1
     has_off = any(v == "off" for _, _, v in items)
-    two_line = len(names) > 1           # the row label names the tolerance too
+    two_line = len(names) > 1  # the row label names the tolerance too
     label_w = 230 if two_line else 120
     row_h = 32 if two_line else 26
     zero_x, x0 = label_w + 20, label_w + 55
@@ -452,42 +512,58 @@ def _plot(m: _Model, kind: str, items: list[tuple[int, dict, float | str]]) -> s
     def xpos(v: float) -> float:
         return x0 + (math.log10(v) - lo) / (hi - lo) * (x1 - x0)
 
-    out = [f'<svg class=plot width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role=img aria-label="{_e(kind)} nmse per case">']
+    out = [
+        f'<svg class=plot width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role=img aria-label="{_e(kind)} nmse per case">'
+    ]
     for n, (b, tol) in enumerate(rows):
         y = top + n * row_h
         if n % 2 == 0:
             out.append(f'<rect class=band x="0" y="{y}" width="{width}" height="{row_h}"/>')
         if two_line:
-            out.append(f'<text class=lab x="{label_w - 4}" y="{y + 13}" text-anchor="end">{_e(b)}</text>'
-                       f'<text class=tick x="{label_w - 4}" y="{y + 26}" text-anchor="end">'
-                       f'{_e(tol or "no tolerance")}</text>')
+            out.append(
+                f'<text class=lab x="{label_w - 4}" y="{y + 13}" text-anchor="end">{_e(b)}</text>'
+                f'<text class=tick x="{label_w - 4}" y="{y + 26}" text-anchor="end">'
+                f"{_e(tol or 'no tolerance')}</text>"
+            )
         else:
-            out.append(f'<text class=lab x="{label_w - 4}" y="{y + row_h / 2 + 4}" text-anchor="end">'
-                       f'{_e(b)}</text>')
+            out.append(
+                f'<text class=lab x="{label_w - 4}" y="{y + row_h / 2 + 4}" text-anchor="end">{_e(b)}</text>'
+            )
     step = max(1, math.ceil((hi - lo) / 12))
     for p in range(lo, hi + 1, step):
-        x = xpos(10.0 ** p)
-        out.append(f'<line class=grid x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}"/>'
-                   f'<text class=tick x="{x:.1f}" y="{bottom + 14}" text-anchor="middle">1e{p}</text>')
-    out.append(f'<line class=grid x1="{zero_x}" y1="{top}" x2="{zero_x}" y2="{bottom}"/>'
-               f'<text class=tick x="{zero_x}" y="{bottom + 14}" text-anchor="middle">0</text>'
-               f'<text class=tick x="{zero_x}" y="{bottom + 27}" text-anchor="middle">identical</text>'
-               f'<text class=tick x="{(x0 + x1) / 2}" y="{bottom + 27}" text-anchor="middle">'
-               'nmse (log scale)</text>')
+        x = xpos(10.0**p)
+        out.append(
+            f'<line class=grid x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}"/>'
+            f'<text class=tick x="{x:.1f}" y="{bottom + 14}" text-anchor="middle">1e{p}</text>'
+        )
+    out.append(
+        f'<line class=grid x1="{zero_x}" y1="{top}" x2="{zero_x}" y2="{bottom}"/>'
+        f'<text class=tick x="{zero_x}" y="{bottom + 14}" text-anchor="middle">0</text>'
+        f'<text class=tick x="{zero_x}" y="{bottom + 27}" text-anchor="middle">identical</text>'
+        f'<text class=tick x="{(x0 + x1) / 2}" y="{bottom + 27}" text-anchor="middle">'
+        "nmse (log scale)</text>"
+    )
     if has_off:
-        out.append(f'<line class=grid x1="{x1 + 40}" y1="{top}" x2="{x1 + 40}" y2="{bottom}"/>'
-                   f'<text class=tick x="{x1 + 40}" y="{bottom + 14}" text-anchor="middle">inf/nan</text>')
+        out.append(
+            f'<line class=grid x1="{x1 + 40}" y1="{top}" x2="{x1 + 40}" y2="{bottom}"/>'
+            f'<text class=tick x="{x1 + 40}" y="{bottom + 14}" text-anchor="middle">inf/nan</text>'
+        )
     for ti, (t, tnames) in enumerate(sorted(thresholds.items())):  # a label beside its line's x
         x = xpos(t)
         right = x > (x0 + x1) / 2
-        label = f'{", ".join(tnames)} \u2264 {_num(t)}'
-        out.append(f'<text class=thrlab x="{x + (-3 if right else 3):.1f}" y="{12 + 14 * ti}"'
-                   + (' text-anchor="end"' if right else "") + f">{_e(label)}</text>")
+        label = f"{', '.join(tnames)} \u2264 {_num(t)}"
+        out.append(
+            f'<text class=thrlab x="{x + (-3 if right else 3):.1f}" y="{12 + 14 * ti}"'
+            + (' text-anchor="end"' if right else "")
+            + f">{_e(label)}</text>"
+        )
         for n, (_, tol) in enumerate(rows):
             if tol in tnames:
-                out.append(f'<line class=thr x1="{x:.1f}" y1="{top + n * row_h}" x2="{x:.1f}" '
-                           f'y2="{top + (n + 1) * row_h}"><title>{_e(label)}</title></line>')
+                out.append(
+                    f'<line class=thr x1="{x:.1f}" y1="{top + n * row_h}" x2="{x:.1f}" '
+                    f'y2="{top + (n + 1) * row_h}"><title>{_e(label)}</title></line>'
+                )
     for i, r, v in items:
         n = row_of[row_key(r)]
         jitter = ((i * 0.6180339887) % 1.0 - 0.5) * (row_h - 12)
@@ -496,9 +572,11 @@ def _plot(m: _Model, kind: str, items: list[tuple[int, dict, float | str]]) -> s
         shown = "0" if v == 0.0 else ("inf/nan" if v == "off" else _num(v))
         outcome = str(r.get("outcome"))
         cls = "pass" if outcome == "pass" else ("unsup" if outcome == "unsupported" else "bad")
-        out.append(f'<a href="#r{i}"><circle class="d {cls}" cx="{x:.1f}" cy="{y:.1f}" r="3.5">'
-                   f'<title>{_e(r.get("case"))} \u00b7 {_e(r.get("backend"))} \u00b7 {_e(outcome)}'
-                   f' \u00b7 nmse {_e(shown)}</title></circle></a>')
+        out.append(
+            f'<a href="#r{i}"><circle class="d {cls}" cx="{x:.1f}" cy="{y:.1f}" r="3.5">'
+            f"<title>{_e(r.get('case'))} \u00b7 {_e(r.get('backend'))} \u00b7 {_e(outcome)}"
+            f" \u00b7 nmse {_e(shown)}</title></circle></a>"
+        )
     out.append("</svg>")
     return "".join(out)
 
@@ -516,12 +594,16 @@ def _errors(m: _Model) -> str:
     if not by_kind:
         parts.append("<p class=meta>No toleranced comparison with an nmse in these results.</p>")
     else:
-        parts.append("<p class=meta>Each dot is a case: its NMSE against the expected array, in "
-                     "its backend's row; identical arrays sit in the 0 column; dashed lines are the "
-                     "tolerance thresholds of specs/tolerances.yaml. Click a dot for the case.</p>")
+        parts.append(
+            "<p class=meta>Each dot is a case: its NMSE against the expected array, in "
+            "its backend's row; identical arrays sit in the 0 column; dashed lines are the "
+            "tolerance thresholds of specs/tolerances.yaml. Click a dot for the case.</p>"
+        )
     for kind, items in by_kind.items():
-        parts.append(f'<div class=plotbox><h3>{_e(kind)} <small>({len(items)} cases)</small></h3>'
-                     f'{_plot(m, kind, items)}</div>')
+        parts.append(
+            f"<div class=plotbox><h3>{_e(kind)} <small>({len(items)} cases)</small></h3>"
+            f"{_plot(m, kind, items)}</div>"
+        )
     parts.append("</section>")
     return "".join(parts)
 
@@ -743,16 +825,22 @@ def render(results: dict) -> str:
     """The report page for one results.json dict; the same input gives the same bytes."""
     m = _Model(results)
     title = f"mlconf report \u00b7 {', '.join(m.backends) or 'no backends'}"
-    return "".join([
-        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>",
-        '<meta name=viewport content="width=device-width,initial-scale=1">',
-        # Nothing from the network, even by mistake: the page's own policy says so.
-        "<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; "
-        "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
-        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
-        _header(m), _failures(m), _matrix(m), _bitexact(m), _errors(m),
-        '<aside id="detail" hidden><a href="#" id="detail-close" class=close title="close">\u00d7</a>'
-        '<div id="detail-body"></div></aside>',
-        f'<script type="application/json" id="data">{_script_json(m.data())}</script>',
-        f"<script>{JS}</script></body></html>\n",
-    ])
+    return "".join(
+        [
+            "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>",
+            '<meta name=viewport content="width=device-width,initial-scale=1">',
+            # Nothing from the network, even by mistake: the page's own policy says so.
+            "<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; "
+            "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
+            _header(m),
+            _failures(m),
+            _matrix(m),
+            _bitexact(m),
+            _errors(m),
+            '<aside id="detail" hidden><a href="#" id="detail-close" class=close title="close">\u00d7</a>'
+            '<div id="detail-body"></div></aside>',
+            f'<script type="application/json" id="data">{_script_json(m.data())}</script>',
+            f"<script>{JS}</script></body></html>\n",
+        ]
+    )

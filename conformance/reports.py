@@ -63,6 +63,7 @@ def _worst_arrays(pairs: list[tuple[Any, Any]]) -> dict:
 
 def _worst_bytes(pairs: list[tuple[Any, Any]]) -> dict:
     from mlconf.compare import byte_distance
+
     worst = {"differ_cases": 0, "max_differ": 0, "refusal_mismatch": 0}
     for a, b in pairs:
         if (a is None) != (b is None):
@@ -92,8 +93,14 @@ def _worst_statuses(pairs: list[tuple[Any, Any]]) -> dict:
     return {"differ_cases": sum(1 for a, b in pairs if a != b)}
 
 
-WORST = {"logits": _worst_arrays, "embeddings": _worst_arrays, "quantizer bytes": _worst_bytes,
-         "i2s bytes": _worst_bytes, "ids": _worst_ids, "statuses": _worst_statuses}
+WORST = {
+    "logits": _worst_arrays,
+    "embeddings": _worst_arrays,
+    "quantizer bytes": _worst_bytes,
+    "i2s bytes": _worst_bytes,
+    "ids": _worst_ids,
+    "statuses": _worst_statuses,
+}
 
 
 def matrix(results, backend_names: list[str] | None = None) -> list[dict]:
@@ -118,9 +125,17 @@ def matrix(results, backend_names: list[str] | None = None) -> list[dict]:
                 else:
                     pairs.append((ra.output, rb.output))
             compared = identical + len(pairs)
-            rows.append({"a": a, "b": b, "kind": kind, "compared": compared, "identical": identical,
-                         "share": identical / compared if compared else None,
-                         "worst": WORST[kind](pairs) if pairs else None})
+            rows.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "kind": kind,
+                    "compared": compared,
+                    "identical": identical,
+                    "share": identical / compared if compared else None,
+                    "worst": WORST[kind](pairs) if pairs else None,
+                }
+            )
     return rows
 
 
@@ -129,34 +144,59 @@ def summary(records: list[dict]) -> list[dict]:
     counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for r in records:
         counts[(r["backend"], r["area"])][r["outcome"]] += 1
-    return [{"backend": b, "area": a, **{o: c.get(o, 0) for o in rec.OUTCOMES}, "total": sum(c.values())}
-            for (b, a), c in sorted(counts.items())]
+    return [
+        {"backend": b, "area": a, **{o: c.get(o, 0) for o in rec.OUTCOMES}, "total": sum(c.values())}
+        for (b, a), c in sorted(counts.items())
+    ]
 
 
 def _version() -> str:
     from mlconf import __version__
+
     return __version__
 
 
-def build(results, backends, areas: list[str], k: str | None, gate: bool | frozenset[str], jobs: int,
-          shards: list[str] | None = None, target_version: str | None = None) -> dict:
+def build(
+    results,
+    backends,
+    areas: list[str],
+    k: str | None,
+    gate: bool | frozenset[str],
+    jobs: int,
+    shards: list[str] | None = None,
+    target_version: str | None = None,
+) -> dict:
     """The results.json document of a run (runner.Results with their outputs); ``gate`` as
     records.failing takes it; ``shards``: the --shard of the run (merged runs list several);
     ``target_version``: the Krafla version gated (--target-version), None for the newest."""
     from mlconf.backends import CAPABILITIES
+
     records = rec.records(results)
     names = [b.name for b in backends]
     gated = sorted(CAPABILITIES) if gate is True else sorted(gate or ())
     return {
         "schema": SCHEMA_ID,
         "mlconf_version": _version(),
-        "run": {"backends": [{"name": b.name, "description": str(getattr(b, "description", "") or ""),
-                              "capabilities": sorted(b.capabilities), "gated": gated,
-                              "gated_missing": sorted(set(gated) - set(b.capabilities)),
-                              "version_switch": getattr(b, "target_version", None) is not None}
-                             for b in backends],
-                "areas": list(areas), "k": k, "strict": gate is True, "required": gated, "jobs": int(jobs),
-                "shards": list(shards or []), "target_version": target_version},
+        "run": {
+            "backends": [
+                {
+                    "name": b.name,
+                    "description": str(getattr(b, "description", "") or ""),
+                    "capabilities": sorted(b.capabilities),
+                    "gated": gated,
+                    "gated_missing": sorted(set(gated) - set(b.capabilities)),
+                    "version_switch": getattr(b, "target_version", None) is not None,
+                }
+                for b in backends
+            ],
+            "areas": list(areas),
+            "k": k,
+            "strict": gate is True,
+            "required": gated,
+            "jobs": int(jobs),
+            "shards": list(shards or []),
+            "target_version": target_version,
+        },
         "records": records,
         "matrix": matrix(results, names),
         "summary": summary(records),
@@ -178,7 +218,7 @@ def _merge_worst(a: dict | None, b: dict | None) -> dict | None:
         elif "NaN" in (x, y):
             out[key] = "NaN"
         else:
-            out[key] = max(x, y, key=float)       # float("Infinity") is inf
+            out[key] = max(x, y, key=float)  # float("Infinity") is inf
     return out
 
 
@@ -188,15 +228,21 @@ def merge(docs: list[dict], names: list[str]) -> dict:
     appears twice."""
     first = docs[0]
     for doc, name in zip(docs[1:], names[1:], strict=True):
-        for key, what in ((("mlconf_version",), "mlconf version"), (("run", "k"), "-k"),
-                          (("run", "strict"), "--strict"), (("run", "required"), "--require"),
-                          (("run", "areas"), "--area"), (("run", "target_version"), "--target-version")):
+        for key, what in (
+            (("mlconf_version",), "mlconf version"),
+            (("run", "k"), "-k"),
+            (("run", "strict"), "--strict"),
+            (("run", "required"), "--require"),
+            (("run", "areas"), "--area"),
+            (("run", "target_version"), "--target-version"),
+        ):
             va, vb = first, doc
             for part in key:
                 va, vb = va.get(part), vb.get(part)
             if va != vb:
-                raise ResultsError(f"{name}: {what} {vb!r} differs from {names[0]}'s {va!r}: "
-                                   "not shards of one run")
+                raise ResultsError(
+                    f"{name}: {what} {vb!r} differs from {names[0]}'s {va!r}: not shards of one run"
+                )
         if [b["name"] for b in doc["run"]["backends"]] != [b["name"] for b in first["run"]["backends"]]:
             raise ResultsError(f"{name}: other backends than {names[0]}: not shards of one run")
     seen: dict[tuple[str, str], str] = {}
@@ -221,10 +267,18 @@ def merge(docs: list[dict], names: list[str]) -> dict:
             row["identical"] += m["identical"]
             row["share"] = row["identical"] / row["compared"] if row["compared"] else None
             row["worst"] = _merge_worst(row["worst"], m["worst"])
-    run = dict(first["run"], jobs=max(d["run"]["jobs"] for d in docs),
-               shards=[s for d in docs for s in d["run"].get("shards", [])])
-    return {**first, "run": run, "records": records, "matrix": list(rows.values()),
-            "summary": summary(records)}
+    run = dict(
+        first["run"],
+        jobs=max(d["run"]["jobs"] for d in docs),
+        shards=[s for d in docs for s in d["run"].get("shards", [])],
+    )
+    return {
+        **first,
+        "run": run,
+        "records": records,
+        "matrix": list(rows.values()),
+        "summary": summary(records),
+    }
 
 
 def dumps(doc: dict) -> str:
@@ -233,6 +287,7 @@ def dumps(doc: dict) -> str:
 
 def schema() -> dict:
     from mlconf import specs
+
     return json.loads((Path(specs.__file__).parent / "results.schema.json").read_text(encoding="utf-8"))
 
 
@@ -242,7 +297,7 @@ def validate(doc: Any, where: str = "results.json") -> None:
     import jsonschema
 
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:
-        raise ResultsError(f"{where}: not an mlconf results file (no \"schema\": \"{SCHEMA_ID}\")")
+        raise ResultsError(f'{where}: not an mlconf results file (no "schema": "{SCHEMA_ID}")')
     err = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(doc))
     if err is not None:
         path = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
@@ -276,46 +331,109 @@ def _dist_text(d: dict | None) -> str:
 
 def failures(doc: dict) -> list[dict]:
     gate = rec.gate_of(doc["run"])
-    return sorted((r for r in doc["records"] if rec.failing(r["outcome"], gate, r.get("capability"))),
-                  key=lambda r: (r["area"], r["case"], r["backend"]))
+    return sorted(
+        (r for r in doc["records"] if rec.failing(r["outcome"], gate, r.get("capability"))),
+        key=lambda r: (r["area"], r["case"], r["backend"]),
+    )
 
 
 def summary_md(doc: dict, wall: float | None = None) -> str:
     run = doc["run"]
     strict, required = run["strict"], run.get("required") or []
-    out = ["# mlconf results\n",
-           f"mlconf {doc['mlconf_version']}; backends {', '.join(b['name'] for b in run['backends'])}; "
-           f"areas {', '.join(run['areas'])}" + (f"; -k {run['k']!r}" if run["k"] else "")
-           + (f"; --target-version {run['target_version']} (a Krafla {run['target_version']} runtime)"
-              if run.get("target_version") else "")
-           + ("; --strict (unsupported counts as a failure)" if strict else
-              f"; --require {','.join(required)} (unsupported counts as a failure there)" if required
-              else "") + "\n"]
+    out = [
+        "# mlconf results\n",
+        f"mlconf {doc['mlconf_version']}; backends {', '.join(b['name'] for b in run['backends'])}; "
+        f"areas {', '.join(run['areas'])}"
+        + (f"; -k {run['k']!r}" if run["k"] else "")
+        + (
+            f"; --target-version {run['target_version']} (a Krafla {run['target_version']} runtime)"
+            if run.get("target_version")
+            else ""
+        )
+        + (
+            "; --strict (unsupported counts as a failure)"
+            if strict
+            else f"; --require {','.join(required)} (unsupported counts as a failure there)"
+            if required
+            else ""
+        )
+        + "\n",
+    ]
     rows = [[s["backend"], s["area"], *(s[o] for o in rec.OUTCOMES), s["total"]] for s in doc["summary"]]
-    out += ["## Outcomes by area and backend\n",
-            tabulate(rows, headers=["backend", "area", *rec.OUTCOMES, "total"], tablefmt="github"), ""]
+    out += [
+        "## Outcomes by area and backend\n",
+        tabulate(rows, headers=["backend", "area", *rec.OUTCOMES, "total"], tablefmt="github"),
+        "",
+    ]
     n_fail = len(failures(doc))
-    out.append(f"{len(doc['records'])} case runs; {n_fail} "
-               + ("failing (fail, error, crash, timeout, unsupported)" if strict
-                  else "failing (fail, error, crash, timeout, unsupported where required)" if required
-                  else "failing (fail, error, crash, timeout)") + "\n")
-    mrows = [[m["a"], m["b"], m["kind"], m["compared"], m["identical"],
-              "-" if m["share"] is None else f"{m['share']:.1%}",
-              _dist_text({k: v for k, v in (m["worst"] or {}).items()
-                          if v or k not in ("shape_mismatch", "refusal_mismatch")})]
-             for m in doc["matrix"] if m["compared"]]
-    out += ["## Bit-exactness between backends\n",
-            "Cases both backends ran to a comparison, how many gave bit-identical outputs, and the worst "
-            "distance between the two outputs otherwise. Pairs and kinds with no common case are left out.\n"]
-    out += [tabulate(mrows, headers=["a", "b", "output", "compared", "identical", "share", "worst"],
-                     tablefmt="github") if mrows else "No pair of backends ran a common case.", ""]
-    frows = [[r["area"], r["case"], r["backend"], r["outcome"], _dist_text(r["distances"]),
-              r["detail"].replace("|", "\\|").replace("\n", " ")[:300]] for r in failures(doc)]
+    out.append(
+        f"{len(doc['records'])} case runs; {n_fail} "
+        + (
+            "failing (fail, error, crash, timeout, unsupported)"
+            if strict
+            else "failing (fail, error, crash, timeout, unsupported where required)"
+            if required
+            else "failing (fail, error, crash, timeout)"
+        )
+        + "\n"
+    )
+    mrows = [
+        [
+            m["a"],
+            m["b"],
+            m["kind"],
+            m["compared"],
+            m["identical"],
+            "-" if m["share"] is None else f"{m['share']:.1%}",
+            _dist_text(
+                {
+                    k: v
+                    for k, v in (m["worst"] or {}).items()
+                    if v or k not in ("shape_mismatch", "refusal_mismatch")
+                }
+            ),
+        ]
+        for m in doc["matrix"]
+        if m["compared"]
+    ]
+    out += [
+        "## Bit-exactness between backends\n",
+        "Cases both backends ran to a comparison, how many gave bit-identical outputs, and the worst "
+        "distance between the two outputs otherwise. Pairs and kinds with no common case are left out.\n",
+    ]
+    out += [
+        tabulate(
+            mrows, headers=["a", "b", "output", "compared", "identical", "share", "worst"], tablefmt="github"
+        )
+        if mrows
+        else "No pair of backends ran a common case.",
+        "",
+    ]
+    frows = [
+        [
+            r["area"],
+            r["case"],
+            r["backend"],
+            r["outcome"],
+            _dist_text(r["distances"]),
+            r["detail"].replace("|", "\\|").replace("\n", " ")[:300],
+        ]
+        for r in failures(doc)
+    ]
     out += ["## Failures\n"]
-    out += [tabulate(frows, headers=["area", "case", "backend", "outcome", "distances", "detail"],
-                     tablefmt="github") if frows else "None.", ""]
-    out.append(f"Wall time: {wall:.2f} s." if wall is not None
-               else "Wall time: not recorded (rebuilt from results.json).")
+    out += [
+        tabulate(
+            frows, headers=["area", "case", "backend", "outcome", "distances", "detail"], tablefmt="github"
+        )
+        if frows
+        else "None.",
+        "",
+    ]
+    out.append(
+        f"Wall time: {wall:.2f} s."
+        if wall is not None
+        else "Wall time: not recorded (rebuilt from results.json)."
+    )
     return "\n".join(out) + "\n"
 
 
@@ -337,8 +455,9 @@ def junit_xml(doc: dict) -> bytes:
                 ET.SubElement(props, "property", name=k, value=str(r[k]))
             msg = r["detail"] or r["outcome"]
             dist = _dist_text(r["distances"])
-            if r["outcome"] == "fail" or (r["outcome"] == "unsupported"
-                                          and rec.failing("unsupported", gate, r.get("capability"))):
+            if r["outcome"] == "fail" or (
+                r["outcome"] == "unsupported" and rec.failing("unsupported", gate, r.get("capability"))
+            ):
                 el = ET.SubElement(tc, "failure", message=msg, type=r["outcome"])
                 el.text = dist or None
                 n["failures"] += 1
@@ -362,6 +481,7 @@ def junit_xml(doc: dict) -> bytes:
 # ---------------------------------------------------------------- writing
 def _html(doc: dict) -> str | None:
     from mlconf.report_html import render
+
     try:
         return render(doc)
     except Exception as e:  # the other reports stand without it
@@ -373,6 +493,7 @@ def write(doc: dict, outdir: str | Path, wall: float | None = None, results_json
     """Write results.json (unless rebuilding from it), summary.md, junit.xml and report.html into
     ``outdir`` (created), each atomically; returns the paths written."""
     from mlconf.tools.files import atomic_write
+
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     files: list[tuple[str, bytes]] = []
@@ -402,9 +523,15 @@ def diff(old: dict, new: dict) -> tuple[list[dict], list[dict]]:
         ra, rb = a.get(key), b.get(key)
         was = ra["outcome"] if ra else None
         now = rb["outcome"] if rb else None
-        row = {"backend": key[0], "case": key[1], "was": was or "absent", "now": now or "absent",
-               "before": ra["distances"] if ra else None, "after": rb["distances"] if rb else None,
-               "detail": (rb or ra)["detail"]}
+        row = {
+            "backend": key[0],
+            "case": key[1],
+            "was": was or "absent",
+            "now": now or "absent",
+            "before": ra["distances"] if ra else None,
+            "after": rb["distances"] if rb else None,
+            "detail": (rb or ra)["detail"],
+        }
         if was == "pass" and (now in rec.FAILING or now in (None, "unsupported")):
             regressed.append(row)
         elif (was in rec.FAILING or was == "unsupported") and now == "pass":
@@ -416,7 +543,7 @@ DIFF_WIDTH = 110
 
 
 def _fit(text: str, width: int = DIFF_WIDTH) -> str:
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def diff_text(regressed: list[dict], fixed: list[dict]) -> str:

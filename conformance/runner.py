@@ -45,16 +45,16 @@ class Result:
     area: str
     spec: str
     backend: str
-    outcome: str                # one of OUTCOMES
-    compare: str                # status | bit-exact | refused | toleranced | ids
+    outcome: str  # one of OUTCOMES
+    compare: str  # status | bit-exact | refused | toleranced | ids
     expected: Any = None
     got: Any = None
     detail: str = ""
     metrics: dict = field(default_factory=dict)
-    output_kind: str = ""       # records.OUTPUT_KINDS
-    tolerance: str | None = None    # the specs/tolerances.yaml entry of a toleranced case
-    output: Any = field(default=None, repr=False, compare=False)   # the raw output (not serialized)
-    capability: str = ""        # the backend capability the case needs (what --require gates)
+    output_kind: str = ""  # records.OUTPUT_KINDS
+    tolerance: str | None = None  # the specs/tolerances.yaml entry of a toleranced case
+    output: Any = field(default=None, repr=False, compare=False)  # the raw output (not serialized)
+    capability: str = ""  # the backend capability the case needs (what --require gates)
 
 
 class Workdir:
@@ -90,6 +90,7 @@ class Workdir:
     def tokenizer(self, golden: Path) -> Path:
         """The .mlt of a golden tokenizer.json, converted (tools/convert_tokenizer.py) on first use."""
         from mlconf.tools import convert_tokenizer
+
         out = self.root / "tokenizer" / "golden" / golden.with_suffix(".mlt").name
         with self._lock:
             if not out.exists():
@@ -107,6 +108,7 @@ class Workdir:
         with self._lock:
             if key not in self._expected:
                 from mlconf.backends.reference import ReferenceBackend
+
                 self._expected[key] = compute(case, ReferenceBackend())
             return self._expected[key]
 
@@ -125,14 +127,23 @@ class Workdir:
 
 
 def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
-    r = Result(case.id, case.area, case.spec, backend.name, "error", case.compare, case.expected,
-               output_kind=output_kind(case), tolerance=case.params.get("tolerance"),
-               capability=case.capability)
+    r = Result(
+        case.id,
+        case.area,
+        case.spec,
+        backend.name,
+        "error",
+        case.compare,
+        case.expected,
+        output_kind=output_kind(case),
+        tolerance=case.params.get("tolerance"),
+        capability=case.capability,
+    )
     if case.params.get("expected_from"):
         r.expected = f"the {case.params['expected_from']} backend's output"
     try:
         _run_case(case, backend, work, r)
-    finally:    # no temporary or cache path in a record: records are the same from run to run
+    finally:  # no temporary or cache path in a record: records are the same from run to run
         for root in {str(work.fixture_root), str(work.root)}:
             r.detail = r.detail.replace(root, "$WORK")
             if isinstance(r.metrics.get("reason"), str):
@@ -174,9 +185,14 @@ def prepare(cases: list[Case], work: Workdir) -> None:
         work.tokenizer(Path(golden))
 
 
-def run(cases: Iterable[Case], backends: Iterable[Backend], work: Workdir | None = None,
-        progress: Callable[[Result], None] | None = None, jobs: int = 1,
-        stop_on: Callable[[Result], bool] | None = None) -> list[Result]:
+def run(
+    cases: Iterable[Case],
+    backends: Iterable[Backend],
+    work: Workdir | None = None,
+    progress: Callable[[Result], None] | None = None,
+    jobs: int = 1,
+    stop_on: Callable[[Result], bool] | None = None,
+) -> list[Result]:
     """Every case on every backend; the results in the order backend by backend, case by case.
 
     ``jobs`` > 1: ``jobs`` forked processes, each running every jobs-th case on its own fresh

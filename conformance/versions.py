@@ -25,9 +25,9 @@ HEADER = 256
 
 @dataclass(frozen=True)
 class Feature:
-    what: str            # "header field rot_dim", "layer flag bit 2"
+    what: str  # "header field rot_dim", "layer flag bit 2"
     since: Version
-    refused_by: str      # the rule id a runtime older than `since` refuses it by
+    refused_by: str  # the rule id a runtime older than `since` refuses it by
 
 
 @cache
@@ -48,15 +48,19 @@ def features(data: bytes) -> list[Feature]:
     doc = specs.load("mlb_header")
     refused_by = doc["versions"]["refused_by"]
     fv = specs.feature_versions()
-    out = [Feature(f"header field {name}", since, refused_by["field"])
-           for name, (off, since) in fv["fields"].items() if any(data[off: off + 4])]
+    out = [
+        Feature(f"header field {name}", since, refused_by["field"])
+        for name, (off, since) in fv["fields"].items()
+        if any(data[off : off + 4])
+    ]
     n = _u32(data, "n_layers")
     if _u32(data, "layer_flags") == 1 and len(data) >= HEADER + n:
-        flags = data[HEADER: HEADER + n]
+        flags = data[HEADER : HEADER + n]
         for value, since in fv["layer_flag_bits"].items():
             if any(b & value for b in flags):
-                out.append(Feature(f"layer flag bit {value.bit_length() - 1}", since,
-                                   refused_by["layer_flag_bit"]))
+                out.append(
+                    Feature(f"layer flag bit {value.bit_length() - 1}", since, refused_by["layer_flag_bit"])
+                )
     return out
 
 
@@ -86,8 +90,10 @@ def expected(status: str, rule: str, data: bytes, target: Version | None) -> tup
     rules = specs.load("mlb_errors")["rules"]
     order = {r["id"]: i for i, r in enumerate(rules)}
     first = min(later, key=lambda f: order[f.refused_by])
-    why = (f"{first.what} needs Krafla {specs.format_version(first.since)}, the target is "
-           f"{specs.format_version(target)}: refused by {first.refused_by}")
+    why = (
+        f"{first.what} needs Krafla {specs.format_version(first.since)}, the target is "
+        f"{specs.format_version(target)}: refused by {first.refused_by}"
+    )
     if rule and order[rule] < order[first.refused_by]:
         return status, f"{why}, but {rule} comes first"
     return rules[order[first.refused_by]]["status"], why

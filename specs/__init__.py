@@ -53,7 +53,11 @@ def feature_versions() -> dict[str, dict]:
     """The `since` versions of specs/mlb_header.yaml: {"fields": {name: (offset, version)},
     "layer_flag_bits": {bit value: version}}, only the features that name one."""
     doc = load("mlb_header")
-    return {"fields": {f["name"]: (f["offset"], parse_version(f["since"]))
-                       for f in doc["fields"] if f.get("since")},
-            "layer_flag_bits": {b["value"]: parse_version(b["since"])
-                                for b in doc["layer_flag_bits"] if b.get("since")}}
+    return {
+        "fields": {
+            f["name"]: (f["offset"], parse_version(f["since"])) for f in doc["fields"] if f.get("since")
+        },
+        "layer_flag_bits": {
+            b["value"]: parse_version(b["since"]) for b in doc["layer_flag_bits"] if b.get("since")
+        },
+    }

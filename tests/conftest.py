@@ -51,6 +51,7 @@ def asan_libmlrt(tmp_path_factory) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is needed for the sanitizer build")
     from mlconf.backends.native import build
+
     try:
         return build.build(tmp_path_factory.mktemp("asan") / "libmlrt_asan.so", sanitize=True)
     except build.BuildError as e:
@@ -72,8 +73,9 @@ def scratch(tmp_path_factory) -> Path:
 
 
 def _f32(lo: float = 0.0, hi: float = 1e6, exclude_min: bool = False):
-    return st.floats(min_value=lo, max_value=hi, exclude_min=exclude_min, allow_nan=False,
-                     allow_infinity=False, width=32)
+    return st.floats(
+        min_value=lo, max_value=hi, exclude_min=exclude_min, allow_nan=False, allow_infinity=False, width=32
+    )
 
 
 def _step(n_heads: int) -> int:
@@ -91,35 +93,59 @@ def valid_models(draw, max_layers: int = 3, max_q_dim: int = 256) -> tuple[dict,
     m = draw(st.integers(1, max(1, max_q_dim // (step * n_heads))))
     head_dim = step * m
     q_dim = head_dim * n_heads
-    if draw(st.booleans()):       # head_dim override (Qwen3): dim independent of n_heads
+    if draw(st.booleans()):  # head_dim override (Qwen3): dim independent of n_heads
         dim, head_field = 32 * draw(st.integers(1, 4)), head_dim
     else:
         dim, head_field = q_dim, 0
     n_layers = draw(st.integers(1, max_layers))
     wtype = draw(st.sampled_from([1, 2]))
     h = {
-        "magic": b"MLB1", "version": 1, "dim": dim, "n_layers": n_layers, "n_heads": n_heads,
-        "n_kv_heads": n_kv, "hidden_dim": 32 * draw(st.integers(1, 3)), "vocab": draw(st.integers(3, 40)),
-        "max_seq": draw(st.integers(1, 2**24)), "rope_theta": draw(_f32(0.0, F32_MAX, exclude_min=True)),
-        "norm_eps": draw(_f32(0.0, 1.0)), "wtype": wtype,
+        "magic": b"MLB1",
+        "version": 1,
+        "dim": dim,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "hidden_dim": 32 * draw(st.integers(1, 3)),
+        "vocab": draw(st.integers(3, 40)),
+        "max_seq": draw(st.integers(1, 2**24)),
+        "rope_theta": draw(_f32(0.0, F32_MAX, exclude_min=True)),
+        "norm_eps": draw(_f32(0.0, 1.0)),
+        "wtype": wtype,
         "shared_classifier": draw(st.sampled_from([0, 1]) | st.integers(0, U32_MAX)),
         "q8_mask": 0 if wtype == 1 else draw(st.integers(0, 127)),
-        "qkv_bias": draw(st.integers(0, 1)), "head_dim": head_field, "qk_norm": draw(st.integers(0, 1)),
+        "qkv_bias": draw(st.integers(0, 1)),
+        "head_dim": head_field,
+        "qk_norm": draw(st.integers(0, 1)),
         "sliding_window": draw(st.sampled_from([0, 2**24]) | st.integers(0, 2**24)),
-        "act": draw(st.integers(0, 1)), "post_norms": draw(st.integers(0, 1)),
-        "embed_scale": draw(_f32(0.0, 100.0)), "attn_scale": draw(_f32(0.0, 10.0)),
-        "scale_f16": draw(st.integers(0, 1)), "attn_softcap": draw(_f32(0.0, 100.0)),
-        "final_softcap": draw(_f32(0.0, 100.0)), "rot_dim": 2 * draw(st.integers(0, head_dim // 2)),
+        "act": draw(st.integers(0, 1)),
+        "post_norms": draw(st.integers(0, 1)),
+        "embed_scale": draw(_f32(0.0, 100.0)),
+        "attn_scale": draw(_f32(0.0, 10.0)),
+        "scale_f16": draw(st.integers(0, 1)),
+        "attn_softcap": draw(_f32(0.0, 100.0)),
+        "final_softcap": draw(_f32(0.0, 100.0)),
+        "rot_dim": 2 * draw(st.integers(0, head_dim // 2)),
         "attn_gate": draw(st.integers(0, 1)),
-        "rope_type": 0, "rope_factor": 0.0, "rope_low_freq_factor": 0.0, "rope_high_freq_factor": 0.0,
-        "rope_orig_max_seq": 0, "rope_attn_factor": 0.0, "layer_flags": 0, "rope_local_theta": 0.0,
-        "lin_k_heads": 0, "lin_v_heads": 0, "lin_k_dim": 0, "lin_v_dim": 0, "lin_conv": 0,
+        "rope_type": 0,
+        "rope_factor": 0.0,
+        "rope_low_freq_factor": 0.0,
+        "rope_high_freq_factor": 0.0,
+        "rope_orig_max_seq": 0,
+        "rope_attn_factor": 0.0,
+        "layer_flags": 0,
+        "rope_local_theta": 0.0,
+        "lin_k_heads": 0,
+        "lin_v_heads": 0,
+        "lin_k_dim": 0,
+        "lin_v_dim": 0,
+        "lin_conv": 0,
     }
     rope = draw(st.integers(0, 3))
     h["rope_type"] = rope
     if rope in (1, 2, 3):
         h["rope_factor"] = draw(_f32(0.0, 64.0, exclude_min=True))
-    if rope == 1:   # llama3: lo > 0, hi > lo, orig > 0
+    if rope == 1:  # llama3: lo > 0, hi > lo, orig > 0
         lo = draw(_f32(0.0, 16.0, exclude_min=True))
         h["rope_low_freq_factor"] = lo
         h["rope_high_freq_factor"] = draw(_f32(lo, 64.0, exclude_min=True))
@@ -134,7 +160,7 @@ def valid_models(draw, max_layers: int = 3, max_q_dim: int = 256) -> tuple[dict,
     if draw(st.sampled_from([False, True, True])):
         h["layer_flags"] = 1
         flags = draw(st.lists(st.sampled_from(VALID_FLAGS), min_size=n_layers, max_size=n_layers))
-        if draw(st.booleans()):   # make linear-attention layers common
+        if draw(st.booleans()):  # make linear-attention layers common
             flags[draw(st.integers(0, n_layers - 1))] = 8
     if flags and any(f & 2 for f in flags):
         h["rope_local_theta"] = draw(_f32(0.0, 1e7, exclude_min=True))
@@ -144,9 +170,13 @@ def valid_models(draw, max_layers: int = 3, max_q_dim: int = 256) -> tuple[dict,
         k = draw(st.integers(1, 3))
         v = (4 * k // math.gcd(4, k)) * draw(st.integers(1, 2))
         dv_step = 32 // math.gcd(v, 32)
-        h.update(lin_k_heads=k, lin_v_heads=v, lin_k_dim=draw(st.integers(1, 16)),
-                 lin_v_dim=dv_step * draw(st.integers(1, max(1, 64 // (dv_step * v)))),
-                 lin_conv=draw(st.integers(1, 5)))
+        h.update(
+            lin_k_heads=k,
+            lin_v_heads=v,
+            lin_k_dim=draw(st.integers(1, 16)),
+            lin_v_dim=dv_step * draw(st.integers(1, max(1, 64 // (dv_step * v)))),
+            lin_conv=draw(st.integers(1, 5)),
+        )
     return h, flags
 
 
@@ -160,6 +190,7 @@ def pytest_terminal_summary(terminalreporter):
     """Which kernel tables this machine runs, whose tests (each SIMD table against its scalar twin)
     run here, and which are skipped for lack of hardware or run under qemu."""
     from mlconf.backends import BackendError, bitnet, get, native
+
     lines = []
     for name, isas in (("native", native.ISAS), ("bitnet", bitnet.ISAS)):
         try:
@@ -172,8 +203,10 @@ def pytest_terminal_summary(terminalreporter):
             skipped = [i for i in isas if i not in b.tables and i not in qemu]
         finally:
             b.close()
-        line = (f"{name}: this CPU runs {' '.join(ran) or 'none'}; "
-                f"their tests skip {' '.join(skipped) or 'none'} (not on this CPU)")
+        line = (
+            f"{name}: this CPU runs {' '.join(ran) or 'none'}; "
+            f"their tests skip {' '.join(skipped) or 'none'} (not on this CPU)"
+        )
         lines.append(line + (f"; under qemu-aarch64: {' '.join(qemu)}" if qemu else ""))
     if lines:
         terminalreporter.write_sep("-", "kernel tables")
@@ -194,13 +227,22 @@ def dispatch_variants() -> list[tuple[str, dict]]:
     extra = [f for f in __cpu_dispatch__ if __cpu_features__.get(f) and f not in __cpu_baseline__]
     avx512 = [f for f in extra if f.startswith("AVX512") or f == "X86_V4"]
     x86 = platform.machine().lower() in ("x86_64", "amd64")
-    cores = [] if not x86 else ["Prescott"] + (["Haswell"] if __cpu_features__.get("AVX2") else []) + (
-        ["SkylakeX"] if __cpu_features__.get("AVX512_SKX") else [])
+    cores = (
+        []
+        if not x86
+        else ["Prescott"]
+        + (["Haswell"] if __cpu_features__.get("AVX2") else [])
+        + (["SkylakeX"] if __cpu_features__.get("AVX512_SKX") else [])
+    )
     out = [(f"OpenBLAS {c}", {"OPENBLAS_CORETYPE": c}) for c in cores]
     if avx512:
         out.append(("NumPy without AVX-512", {"NPY_DISABLE_CPU_FEATURES": " ".join(avx512)}))
     if extra:
         oldest = {"OPENBLAS_CORETYPE": "Prescott"} if x86 else {}
-        out.append(("NumPy at its baseline, OpenBLAS Prescott",
-                    {"NPY_DISABLE_CPU_FEATURES": " ".join(extra), **oldest}))
+        out.append(
+            (
+                "NumPy at its baseline, OpenBLAS Prescott",
+                {"NPY_DISABLE_CPU_FEATURES": " ".join(extra), **oldest},
+            )
+        )
     return out

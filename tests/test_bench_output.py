@@ -36,11 +36,12 @@ def test_bench_quant_json(capsys):
     for r in sec["rows"]:
         s = r["spread"]["MB/s"]
         assert s["runs"] == 3 and s["min"] <= s["median"] <= s["max"]
-        assert s["median"] == pytest.approx(r["MB/s"])      # the figure is the median run
+        assert s["median"] == pytest.approx(r["MB/s"])  # the figure is the median run
 
 
 def test_bench_forward_text_and_json(capsys):
     from mlconf.golden import GOLDEN_DIR
+
     model = str(GOLDEN_DIR / "logits" / "llama.mlb")
     assert cli.main(["bench", "forward", "--model", model, "--repeat", "2"]) == 0
     out = capsys.readouterr().out
@@ -62,7 +63,7 @@ def test_compare_sets_each_figure_beside_the_earlier_run(tmp_path, capsys):
     before = tmp_path / "before.json"
     before.write_text(capsys.readouterr().out, encoding="utf-8")
     old = json.loads(before.read_text(encoding="utf-8"))
-    old["sections"][0]["rows"][0]["MB/s"] /= 2            # as if that quantizer had been twice slower
+    old["sections"][0]["rows"][0]["MB/s"] /= 2  # as if that quantizer had been twice slower
     before.write_text(json.dumps(old), encoding="utf-8")
     assert cli.main([*args, "--compare", str(before)]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -84,8 +85,10 @@ def test_compare_refuses_what_is_no_bench_json(tmp_path, capsys, content, why):
     assert cli.main(["bench", "quant", "--compare", str(tmp_path / "none.json")]) == exits.USAGE
 
 
-@pytest.mark.parametrize("sysfs,want", [("32768K", 32 << 20), ("260M", 260 << 20), ("1G", 1 << 30),
-                                        ("512", 512), ("weird", None), (None, None)])
+@pytest.mark.parametrize(
+    "sysfs,want",
+    [("32768K", 32 << 20), ("260M", 260 << 20), ("1G", 1 << 30), ("512", 512), ("weird", None), (None, None)],
+)
 def test_last_cache_bytes_reads_sysfs_units(monkeypatch, sysfs, want):
     monkeypatch.setattr(bench_output, "_l3", lambda: sysfs)
     assert bench_output.last_cache_bytes() == want
@@ -94,14 +97,15 @@ def test_last_cache_bytes_reads_sysfs_units(monkeypatch, sysfs, want):
 def test_bandwidths_are_sized_from_the_last_level_cache(monkeypatch):
     from mlconf import bench
     from mlconf.backends.native import native_available
+
     if not native_available():
         pytest.skip("libmlrt is not built")
-    monkeypatch.setattr(bench, "last_cache_bytes", lambda: 8 << 20)      # an 8 MiB cache
+    monkeypatch.setattr(bench, "last_cache_bytes", lambda: 8 << 20)  # an 8 MiB cache
     b = bench.bandwidths()
     assert b["memory_buffer_MiB"] == 512 and b["cache_buffer_MiB"] == 2 and b["threads"] == 2
     assert b["memory_GB_s"] > 0 and b["cache_GB_s"] > 0
     assert bench.evict_mib() == 128
-    monkeypatch.setattr(bench, "last_cache_bytes", lambda: 260 << 20)    # the Xeon host's
+    monkeypatch.setattr(bench, "last_cache_bytes", lambda: 260 << 20)  # the Xeon host's
     assert bench.evict_mib() == 1040
     line = bench_output.host_line(bench_output.document("t", [], bandwidth=b))
     assert "memory " in line and "(512 MiB, beyond the last-level cache), cache " in line
@@ -113,6 +117,7 @@ def test_the_tokenizer_bench_times_real_text_cold_and_warm(tmp_path):
     from mlconf import bench
     from mlconf.golden import GOLDEN_DIR
     from mlconf.tools import convert_tokenizer
+
     text, what = bench.corpus_text(200_000)
     assert 150_000 < len(text.encode()) < 400_000 and "stdlib" in what
     assert bench.corpus_text(200_000) == (text, what)
@@ -123,7 +128,7 @@ def test_the_tokenizer_bench_times_real_text_cold_and_warm(tmp_path):
     for r in rows:
         assert r["MB_s_cold"] > 0 and r["MB_s_warm"] > 0 and r["spread"]["MB_s_cold"]["runs"] == 2
     assert all(r["same_ids_as_HF"] for r in rows if r["impl"] in ("reference", "native"))
-    assert bench.tiktoken_encoding(str(GOLDEN_DIR / "tokenizers" / "llama2.json")) is None   # SentencePiece
+    assert bench.tiktoken_encoding(str(GOLDEN_DIR / "tokenizers" / "llama2.json")) is None  # SentencePiece
 
 
 def test_model_bench_rows_per_shape_type_backend_and_prompt(monkeypatch):
@@ -132,19 +137,33 @@ def test_model_bench_rows_per_shape_type_backend_and_prompt(monkeypatch):
     decode step reads on every row."""
     from mlconf import bench
     from mlconf.backends.native import native_available
+
     if not native_available():
         pytest.skip("libmlrt is not built")
-    tiny = dict(dim=64, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=64, vocab=40000, max_seq=64,
-                rope_theta=10000.0, norm_eps=1e-5, shared_classifier=1)
-    monkeypatch.setattr(bench, "BENCH_SHAPES", {"SmolLM2-135M": (tiny, (4, 8), True),
-                                                "Llama-3.2-1B": (tiny, (4,), False)})
+    tiny = dict(
+        dim=64,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        hidden_dim=64,
+        vocab=40000,
+        max_seq=64,
+        rope_theta=10000.0,
+        norm_eps=1e-5,
+        shared_classifier=1,
+    )
+    monkeypatch.setattr(
+        bench, "BENCH_SHAPES", {"SmolLM2-135M": (tiny, (4, 8), True), "Llama-3.2-1B": (tiny, (4,), False)}
+    )
     rows = bench.model_bench(["native"], ("q8_0",), decode=2)
     got = [(r["model"], r["backend"], r["prompt"]) for r in rows]
-    assert got == [("SmolLM2-135M shape q8_0", "native", 4),
-                   ("SmolLM2-135M shape q8_0", "native in-process, last logits", 4),
-                   ("SmolLM2-135M shape q8_0", "native", 8),
-                   ("SmolLM2-135M shape q8_0", "native in-process, last logits", 8),
-                   ("Llama-3.2-1B shape q8_0", "native in-process, last logits", 4)]
+    assert got == [
+        ("SmolLM2-135M shape q8_0", "native", 4),
+        ("SmolLM2-135M shape q8_0", "native in-process, last logits", 4),
+        ("SmolLM2-135M shape q8_0", "native", 8),
+        ("SmolLM2-135M shape q8_0", "native in-process, last logits", 8),
+        ("Llama-3.2-1B shape q8_0", "native in-process, last logits", 4),
+    ]
     for r in rows:
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["weight_bytes"] > 40000 * 64
 
@@ -154,6 +173,7 @@ def test_decode_is_set_against_the_bandwidth_measured_before_it():
     in a slow minute is as good as a fast run in a fast one (the median of the ratios), and the
     bandwidth's own spread is reported."""
     from mlconf.bench import _beside
+
     got = _beside([10.0, 20.0, 15.0], Timing((1.0, 0.5, 2.0)), 16)
     assert got["decode_tok_per_memory_GB"] == 16 / 0.5 / 20 == 16 / 1.0 / 10
     assert got["memory_GB_s_beside"] == 15.0
@@ -177,16 +197,29 @@ def test_bitnet_prefill_rows(monkeypatch, tmp_path):
     pytest.importorskip("torch")
     from mlconf import bench
     from mlconf.backends.bitnet import LIBRARY
+
     if not LIBRARY.exists():
         pytest.skip("libmlbitnet is not built")
-    tiny = ("qwen3", dict(hidden_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                          head_dim=64, intermediate_size=256, vocab_size=512, max_position_embeddings=64))
+    tiny = (
+        "qwen3",
+        dict(
+            hidden_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=64,
+            intermediate_size=256,
+            vocab_size=512,
+            max_position_embeddings=64,
+        ),
+    )
     monkeypatch.setattr(bench, "BITNET_SHAPES", {"tiny": tiny})
     rows = bench.bitnet_prefill_bench(10.0, ("tiny",), (8,), (1,), workdir=str(tmp_path))
     labels = [r["model"] for r in rows]
     llama = bench.llama_cpp_version() is not None
     assert labels == ["tiny F16 teacher", "tiny I2_S student"] + (
-        ["tiny llama.cpp F16 teacher", "tiny llama.cpp Q8_0 teacher"] if llama else [])
+        ["tiny llama.cpp F16 teacher", "tiny llama.cpp Q8_0 teacher"] if llama else []
+    )
     student = rows[1]
     assert student["tokens_s"] > 0 and student["spread"]["tokens_s"]["runs"] == bench.REPEAT
     assert student["vs_F16_teacher"] > 0 and (not llama or student["vs_llama.cpp_F16"] > 0)
@@ -196,13 +229,20 @@ def test_phase_rates_take_turns_with_the_bandwidth_before_each_run():
     """bench.phase_rates (native against llama.cpp in `bench native`): one run of each engine in
     turn per round, the bandwidth measured before each run and paired with that run's decode."""
     from mlconf import bench
+
     calls = []
 
     def engine(name, tp, td):
         return lambda: calls.append(name) or (tp, td)
+
     bws = iter([10.0, 20.0] * 3)
-    got = bench.phase_rates({"a": engine("a", 1.0, 2.0), "b": engine("b", 0.5, 4.0)}, prompt=8, decode=4,
-                            repeat=3, beside=lambda: calls.append("bw") or next(bws))
+    got = bench.phase_rates(
+        {"a": engine("a", 1.0, 2.0), "b": engine("b", 0.5, 4.0)},
+        prompt=8,
+        decode=4,
+        repeat=3,
+        beside=lambda: calls.append("bw") or next(bws),
+    )
     assert calls == ["bw", "a", "bw", "b"] * 3
     assert got["a"]["prefill_tok_s"] == 8.0 and got["b"]["decode_tok_s"] == 1.0
     assert got["a"]["memory_GB_s_beside"] == 10.0 and got["b"]["memory_GB_s_beside"] == 20.0
@@ -213,6 +253,7 @@ def test_llama_cpp_runs_decode_one_token_per_step(monkeypatch):
     """bench.llama_cpp_inprocess: a run evaluates the prompt, then ``decode`` single tokens (the
     ids native_inprocess gives), however long the prompt; an empty eval would time nothing."""
     from mlconf import bench
+
     calls = []
 
     class Llama:
@@ -227,6 +268,7 @@ def test_llama_cpp_runs_decode_one_token_per_step(monkeypatch):
 
         def close(self):
             calls.append("close")
+
     monkeypatch.setattr(bench, "_llama", lambda *a: Llama())
     with bench.llama_cpp_inprocess("m.gguf", prompt=2, decode=4, warmup=False) as run:
         run()

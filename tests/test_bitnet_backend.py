@@ -77,8 +77,10 @@ def test_names_and_registry(bitnet):
         scalar.close()
 
 
-@pytest.mark.skipif(not (Path(native.HERE).parents[1] / "pyproject.toml").exists(),
-                    reason="an installed package: stale_sources checks source trees only")
+@pytest.mark.skipif(
+    not (Path(native.HERE).parents[1] / "pyproject.toml").exists(),
+    reason="an installed package: stale_sources checks source trees only",
+)
 def test_stale_sources_takes_a_library(tmp_path):
     lib, src = tmp_path / "lib.so", tmp_path / "a.c"
     src.write_text("", encoding="utf-8")
@@ -99,8 +101,8 @@ def test_i2s_bit_exact_against_the_reference(each_isa, rows, cols, n):
     w = (rng.standard_normal((rows, cols)) * 0.3).astype(np.float32)
     w[rng.random((rows, cols)) < 0.1] = 0.0
     x = (rng.standard_normal((n, cols)) * 4).astype(np.float32)
-    x[0, :8] = [127, 2.5, -2.5, 0.5, -0.5, 126.5, 1.5, -127]   # amax 127, scale 1: ties away from zero
-    x[-1, 3:6] = [0.0, 1e-30, -3e38] if n > 1 else x[-1, 3:6]   # an amax that dwarfs the rest
+    x[0, :8] = [127, 2.5, -2.5, 0.5, -0.5, 126.5, 1.5, -127]  # amax 127, scale 1: ties away from zero
+    x[-1, 3:6] = [0.0, 1e-30, -3e38] if n > 1 else x[-1, 3:6]  # an amax that dwarfs the rest
     payload = each_isa.i2s_quantize(w)
     assert isinstance(payload, bytes) and payload == REF.i2s_quantize(w)
     for got, want in zip(each_isa.i2s_quantize_act(x), REF.i2s_quantize_act(x), strict=True):
@@ -120,25 +122,32 @@ def test_i2s_one_row_float16_and_zero_rows(bitnet):
     assert bitnet.i2s_matmul(bitnet.i2s_quantize(w16), (1, 256), x).shape == (1,)
     z = np.zeros((4, 128), dtype=np.float32)
     p = bitnet.i2s_quantize(z)
-    assert p[:128] == b"\x55" * 128                                    # all code 1
-    assert p[128:] == np.float32(1e-5).tobytes() + bytes(28)             # d = the mean's floor
+    assert p[:128] == b"\x55" * 128  # all code 1
+    assert p[128:] == np.float32(1e-5).tobytes() + bytes(28)  # d = the mean's floor
     assert not bitnet.i2s_matmul(p, (4, 128), z[:2]).any()
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda b: b.i2s_quantize(np.ones((1, 64), np.float32)), "row length 64"),
-    (lambda b: b.i2s_quantize(np.ones((2, 130), np.float32)), "row length 130"),
-    (lambda b: b.i2s_quantize(np.ones((0, 128), np.float32)), "rows"),
-    (lambda b: b.i2s_quantize(np.ones((1, 128), np.float64)), "float32 or float16"),
-    (lambda b: b.i2s_quantize(np.ones((1, 1, 128), np.float32)), "1-D or 2-D"),
-    (lambda b: b.i2s_quantize(np.where(np.arange(256) == 200, np.inf, 1).astype(np.float32).reshape(2, 128)),
-     "row 1, column 72"),
-    (lambda b: b.i2s_quantize_act(np.full((1, 128), np.nan, np.float32)), "non-finite"),
-    (lambda b: b.i2s_quantize_act(np.ones((1, 100), np.float32)), "row length 100"),
-    (lambda b: b.i2s_quantize_act(np.ones((1, 128), np.float64)), "float32"),
-    (lambda b: b.i2s_matmul(bytes(63), (1, 128), np.ones((1, 128), np.float32)), "payload is 63 bytes"),
-    (lambda b: b.i2s_matmul(bytes(64), (1, 128), np.ones((1, 256), np.float32)), "width 256"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda b: b.i2s_quantize(np.ones((1, 64), np.float32)), "row length 64"),
+        (lambda b: b.i2s_quantize(np.ones((2, 130), np.float32)), "row length 130"),
+        (lambda b: b.i2s_quantize(np.ones((0, 128), np.float32)), "rows"),
+        (lambda b: b.i2s_quantize(np.ones((1, 128), np.float64)), "float32 or float16"),
+        (lambda b: b.i2s_quantize(np.ones((1, 1, 128), np.float32)), "1-D or 2-D"),
+        (
+            lambda b: b.i2s_quantize(
+                np.where(np.arange(256) == 200, np.inf, 1).astype(np.float32).reshape(2, 128)
+            ),
+            "row 1, column 72",
+        ),
+        (lambda b: b.i2s_quantize_act(np.full((1, 128), np.nan, np.float32)), "non-finite"),
+        (lambda b: b.i2s_quantize_act(np.ones((1, 100), np.float32)), "row length 100"),
+        (lambda b: b.i2s_quantize_act(np.ones((1, 128), np.float64)), "float32"),
+        (lambda b: b.i2s_matmul(bytes(63), (1, 128), np.ones((1, 128), np.float32)), "payload is 63 bytes"),
+        (lambda b: b.i2s_matmul(bytes(64), (1, 128), np.ones((1, 256), np.float32)), "width 256"),
+    ],
+)
 def test_i2s_refusals_name_the_problem(bitnet, call, match):
     with pytest.raises(ValueError, match=match):
         call(bitnet)
@@ -148,7 +157,7 @@ def test_i2s_refusals_name_the_problem(bitnet, call, match):
 
 def test_i2s_code3_is_refused_with_its_place(bitnet):
     payload = bytearray(REF.i2s_quantize(np.ones((2, 256), np.float32)))
-    payload[33] |= 0x0C                      # byte 33 = block 0 byte 1... element 1 + 64 of block 1
+    payload[33] |= 0x0C  # byte 33 = block 0 byte 1... element 1 + 64 of block 1
     x = np.ones((1, 256), np.float32)
     with pytest.raises(ValueError, match=r"ML_E_FORMAT.*code 3 at element 193 \(row 0, column 193"):
         bitnet.i2s_matmul(bytes(payload), (2, 256), x)
@@ -166,7 +175,7 @@ def test_bitnet_area_passes_on_the_i2s_cases(bitnet, tmp_path):
         work.close()
     bad = [(r.case, r.outcome, r.detail) for r in results if r.outcome != "pass"]
     assert not bad
-    assert len(results) == len(sel)          # nothing skipped: the reference is not this backend
+    assert len(results) == len(sel)  # nothing skipped: the reference is not this backend
 
 
 def test_bit_exact_failures_say_where(tmp_path):
@@ -175,7 +184,7 @@ def test_bit_exact_failures_say_where(tmp_path):
 
         def i2s_quantize(self, w):
             p = bytearray(super().i2s_quantize(w))
-            p[1] ^= 0x30                                          # element 33: bits 5..4 of byte 1
+            p[1] ^= 0x30  # element 33: bits 5..4 of byte 1
             return bytes(p)
 
         def i2s_quantize_act(self, x):
@@ -247,7 +256,7 @@ def test_embed_refuses_damaged_files(bitnet, tmp_path):
         try:
             damage_gguf(src, dst, kind)
         except ValueError:
-            continue                          # e.g. no I2_S tensor for code3
+            continue  # e.g. no I2_S tensor for code3
         with pytest.raises(InputError, match="ml_embed_load returned ML_E_"):
             bitnet.open_embedder(str(dst))
         with pytest.raises(InputError):
@@ -267,14 +276,14 @@ def test_crash_and_timeout_are_outcomes_and_the_next_call_works(tmp_path):
         assert b.i2s_quantize(x) == REF.i2s_quantize(x) and b.epoch == epoch + 1
         session = b.open_embedder(str(BITNET / f"{GOLDENS[0]}.gguf"))
         b.timeout = 0.5
-        os.kill(b._worker.proc.pid, signal.SIGSTOP)           # a hang
+        os.kill(b._worker.proc.pid, signal.SIGSTOP)  # a hang
         with pytest.raises(WorkerTimeout, match=r"worker timed out after 0.5 s during i2s_matmul\(payload"):
             b.i2s_matmul(REF.i2s_quantize(x), x.shape, x)
         b.timeout = 60
         assert b.i2s_quantize(x) == REF.i2s_quantize(x) and b.epoch == epoch + 2
         with pytest.raises(BackendError, match="worker that held it has ended"):
             session.embed(np.array([1, 2]), None, False)
-        session.close()                       # nothing to free in a dead worker: no error
+        session.close()  # nothing to free in a dead worker: no error
         os.kill(b._worker.proc.pid, signal.SIGKILL)
         b._worker.proc.wait()
         assert b.i2s_quantize(x) == REF.i2s_quantize(x) and b.epoch == epoch + 3
@@ -286,8 +295,9 @@ def _lying_matmul(b):
     """ml_i2s_matmul told of 2^24 rows of a one-row payload: it reads the scale 512 MiB past the
     buffer, so the worker dies of SIGSEGV."""
     payload = np.frombuffer(REF.i2s_quantize(np.ones((1, 128), np.float32)), dtype=np.uint8)
-    return b._call("i2s_matmul(lying about rows)", "i2s_matmul", payload, 1 << 24, 128,
-                   np.ones((1, 128), np.float32), 1)
+    return b._call(
+        "i2s_matmul(lying about rows)", "i2s_matmul", payload, 1 << 24, 128, np.ones((1, 128), np.float32), 1
+    )
 
 
 def test_a_crash_in_the_suite_is_a_crash_outcome(tmp_path, monkeypatch):

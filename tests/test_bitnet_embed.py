@@ -50,12 +50,12 @@ REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "backends" / "native"
 FLAVORS = ("qwen3", "gemma3_text")
 OUTTYPES = ("f32", "f16", "i2_s")
-TOKENS = [5, 17, 3, 42, 99, 7, 250, 11, 64, 128, 1, 33]   # 12 > Gemma's sliding window 8
+TOKENS = [5, 17, 3, 42, 99, 7, 250, 11, 64, 128, 1, 33]  # 12 > Gemma's sliding window 8
 SEQS = (TOKENS[:1], TOKENS[:5], TOKENS)
 POOLS = {"mean": 1, "cls": 2, "last": 3}
 ML_OK, ML_E_IO, ML_E_FORMAT, ML_E_SHAPE, ML_E_ARG = 0, 1, 2, 3, 4
 ML_POOL_MODEL = -1
-REL_TOL = 1e-4     # max abs diff relative to the reference vector's max abs (lead: final value)
+REL_TOL = 1e-4  # max abs diff relative to the reference vector's max abs (lead: final value)
 COS_MIN = 0.99999
 
 
@@ -81,8 +81,9 @@ class Lib:
         if reading is None:
             rc = self.lib.ml_embed_load(str(path).encode(), threads, out, reason, 1024)
         else:
-            rc = self.lib.ml_embed_load_reading(str(path).encode(), threads, abi.READING_CODES[reading], out,
-                                                reason, 1024)
+            rc = self.lib.ml_embed_load_reading(
+                str(path).encode(), threads, abi.READING_CODES[reading], out, reason, 1024
+            )
         if rc != ML_OK:
             assert out[0] == self.ffi.NULL
             return rc, None, self.ffi.string(reason).decode()
@@ -91,8 +92,9 @@ class Lib:
     def embed(self, e, tokens, pooling: int, normalize: bool) -> tuple[int, np.ndarray]:
         out = np.full(self.lib.ml_embed_dim(e), np.nan, np.float32)
         toks = self.ffi.new("int32_t[]", list(tokens) or [0])
-        rc = self.lib.ml_embed(e, toks, len(tokens), pooling, int(normalize),
-                               self.ffi.cast("float *", out.ctypes.data))
+        rc = self.lib.ml_embed(
+            e, toks, len(tokens), pooling, int(normalize), self.ffi.cast("float *", out.ctypes.data)
+        )
         return rc, out
 
 
@@ -131,8 +133,14 @@ def _cmp(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
 
 
 # (outtype, reading): each file in its own reading (None), and the float files in the ternary one
-READS = [("f32", None), ("f16", None), ("i2_s", None), ("f32", "ternary"), ("f16", "ternary"),
-         ("i2_s", "float")]
+READS = [
+    ("f32", None),
+    ("f16", None),
+    ("i2_s", None),
+    ("f32", "ternary"),
+    ("f16", "ternary"),
+    ("i2_s", "float"),
+]
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -165,8 +173,10 @@ def test_embed_matches_reference(lib, models, flavor, outtype, reading):
                     bad.append((len(toks), pool, normalize, rel, cos))
                 if normalize:
                     assert abs(np.linalg.norm(got.astype(np.float64)) - 1) < 1e-6
-    print(f"\n{flavor} {outtype} {effective}: worst max|diff|/max|ref| = {worst_rel:.3g}, worst cosine = "
-          f"{worst_cos:.9f}, worst nmse {worst_nmse:.3g}")
+    print(
+        f"\n{flavor} {outtype} {effective}: worst max|diff|/max|ref| = {worst_rel:.3g}, worst cosine = "
+        f"{worst_cos:.9f}, worst nmse {worst_nmse:.3g}"
+    )
     assert not bad, bad
 
 
@@ -174,8 +184,17 @@ def test_embed_matches_reference(lib, models, flavor, outtype, reading):
 def test_teacher_matches_reference_and_refuses_the_ternary_reading(lib, tmp_path, flavor):
     """A teacher GGUF (no per-projection norms, rows of 64: no I2_S) reads float, as the reference;
     the ternary reading is ML_E_ARG with the reason."""
-    ck = bitnet_models.build(flavor, tmp_path / "t", seed=3, pooling="mean", teacher=True, hidden_size=64,
-                             num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+    ck = bitnet_models.build(
+        flavor,
+        tmp_path / "t",
+        seed=3,
+        pooling="mean",
+        teacher=True,
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+    )
     for ot in ("f32", "f16"):
         p = tmp_path / f"t-{ot}.gguf"
         convert(ck, p, ot)
@@ -285,11 +304,18 @@ def test_every_isa_gives_identical_bits(lib, models, flavor, outtype):
 def test_argument_refusals(lib, models):
     _, e, _ = lib.load(models["qwen3", "f32"][0])
     vocab = lib.lib.ml_embed_vocab(e)
-    for toks, pool in (([], 1), ([-1], 1), ([vocab], 1), ([1, 2, vocab + 5], 1), ([1], 0), ([1], 4),
-                       ([1], -2)):
+    for toks, pool in (
+        ([], 1),
+        ([-1], 1),
+        ([vocab], 1),
+        ([1, 2, vocab + 5], 1),
+        ([1], 0),
+        ([1], 4),
+        ([1], -2),
+    ):
         rc, out = lib.embed(e, toks, pool, False)
         assert rc == ML_E_ARG, (toks, pool)
-        assert np.isnan(out).all()          # nothing written
+        assert np.isnan(out).all()  # nothing written
     ffi = lib.ffi
     buf = np.zeros(lib.lib.ml_embed_dim(e), np.float32)
     toks = ffi.new("int32_t[]", [1, 2])
@@ -325,8 +351,14 @@ def _info(buf: bytes, name: str) -> dict:
     """Offsets of the fields of tensor info `name`."""
     p = _after_string(buf, name)
     nd = struct.unpack_from("<I", buf, p)[0]
-    return dict(name=p - len(name), n_dims=p, dims=p + 4, type=p + 4 + 8 * nd, offset=p + 8 + 8 * nd,
-                dims_val=struct.unpack_from(f"<{nd}Q", buf, p + 4))
+    return dict(
+        name=p - len(name),
+        n_dims=p,
+        dims=p + 4,
+        type=p + 4 + 8 * nd,
+        offset=p + 8 + 8 * nd,
+        dims_val=struct.unpack_from(f"<{nd}Q", buf, p + 4),
+    )
 
 
 def _data_offset(path: Path, name: str) -> int:
@@ -338,7 +370,7 @@ def _data_offset(path: Path, name: str) -> int:
 def _patched(src: Path, dst: Path, edits: list[tuple[int, bytes]]) -> Path:
     b = bytearray(src.read_bytes())
     for off, data in edits:
-        b[off:off + len(data)] = data
+        b[off : off + len(data)] = data
     dst.write_bytes(bytes(b))
     return dst
 
@@ -349,7 +381,7 @@ def _edit_cases(models) -> list[tuple[str, Path, list, int, list[str]]]:
     g32 = models["gemma3_text", "f32"][0]
     b32, bi2, bg = q32.read_bytes(), qi2.read_bytes(), g32.read_bytes()
     b16 = q16.read_bytes()
-    arch = _after_string(b32, "general.architecture")      # then u32 type, u64 len, "qwen3"
+    arch = _after_string(b32, "general.architecture")  # then u32 type, u64 len, "qwen3"
     up = _info(b32, "blk.0.ffn_up.weight")
     vi2 = _info(bi2, "blk.1.attn_v.weight")
     norm = _info(b32, "blk.0.attn_norm.weight")
@@ -358,61 +390,161 @@ def _edit_cases(models) -> list[tuple[str, Path, list, int, list[str]]]:
     rows, cols = vi2["dims_val"][1], vi2["dims_val"][0]
     pat = _after_string(bg, "gemma3.attention.sliding_window_pattern")
     return [
-        ("unsupported_architecture", q32, [(arch + 12, b"llama")], ML_E_FORMAT,
-         ["general.architecture", "llama"]),
-        ("tensor_type_q8_0", q32, [(up["type"], struct.pack("<I", 8))], ML_E_FORMAT,
-         ["blk.0.ffn_up.weight", "type 8"]),
-        ("projection_type_i2s_for_norm", qi2, [(_info(bi2, "blk.0.attn_norm.weight")["type"],
-                                                struct.pack("<I", 36))], ML_E_FORMAT,
-         ["blk.0.attn_norm.weight", "I2_S"]),
-        ("missing_tensor", q32, [(up["name"] + len("blk.0.ffn_u"), b"q")], ML_E_FORMAT,
-         ["missing tensor blk.0.ffn_up.weight"]),
-        ("missing_key", q32, [(_after_string(b32, "qwen3.block_count") - 5, b"C")], ML_E_FORMAT,
-         ["missing key qwen3.block_count"]),
-        ("nan_in_f32_projection", q32, [(_data_offset(q32, "blk.1.attn_v.weight") + 4 * 37,
-                                         struct.pack("<f", float("nan")))], ML_E_FORMAT,
-         ["blk.1.attn_v.weight", "element 37", "not finite"]),
-        ("inf_in_f32_norm", q32, [(_data_offset(q32, "blk.1.ffn_down_norm_in.weight") + 4 * 3,
-                                   struct.pack("<f", float("inf")))], ML_E_FORMAT,
-         ["blk.1.ffn_down_norm_in.weight", "element 3"]),
-        ("nan_in_f16_token_embd", q16, [(_data_offset(q16, "token_embd.weight") + 2 * 1000,
-                                         struct.pack("<H", 0x7E00))], ML_E_FORMAT,
-         ["token_embd.weight", "element 1000"]),
+        (
+            "unsupported_architecture",
+            q32,
+            [(arch + 12, b"llama")],
+            ML_E_FORMAT,
+            ["general.architecture", "llama"],
+        ),
+        (
+            "tensor_type_q8_0",
+            q32,
+            [(up["type"], struct.pack("<I", 8))],
+            ML_E_FORMAT,
+            ["blk.0.ffn_up.weight", "type 8"],
+        ),
+        (
+            "projection_type_i2s_for_norm",
+            qi2,
+            [(_info(bi2, "blk.0.attn_norm.weight")["type"], struct.pack("<I", 36))],
+            ML_E_FORMAT,
+            ["blk.0.attn_norm.weight", "I2_S"],
+        ),
+        (
+            "missing_tensor",
+            q32,
+            [(up["name"] + len("blk.0.ffn_u"), b"q")],
+            ML_E_FORMAT,
+            ["missing tensor blk.0.ffn_up.weight"],
+        ),
+        (
+            "missing_key",
+            q32,
+            [(_after_string(b32, "qwen3.block_count") - 5, b"C")],
+            ML_E_FORMAT,
+            ["missing key qwen3.block_count"],
+        ),
+        (
+            "nan_in_f32_projection",
+            q32,
+            [(_data_offset(q32, "blk.1.attn_v.weight") + 4 * 37, struct.pack("<f", float("nan")))],
+            ML_E_FORMAT,
+            ["blk.1.attn_v.weight", "element 37", "not finite"],
+        ),
+        (
+            "inf_in_f32_norm",
+            q32,
+            [(_data_offset(q32, "blk.1.ffn_down_norm_in.weight") + 4 * 3, struct.pack("<f", float("inf")))],
+            ML_E_FORMAT,
+            ["blk.1.ffn_down_norm_in.weight", "element 3"],
+        ),
+        (
+            "nan_in_f16_token_embd",
+            q16,
+            [(_data_offset(q16, "token_embd.weight") + 2 * 1000, struct.pack("<H", 0x7E00))],
+            ML_E_FORMAT,
+            ["token_embd.weight", "element 1000"],
+        ),
         # byte 33 = block 1, j = 1; bits 1..0 (element 128 + 1 + 96) = 3
-        ("i2s_code_3", qi2, [(i2_off + 33, b"\x57")], ML_E_FORMAT,
-         ["blk.1.attn_v.weight", "code 3", "element 225"]),
-        ("i2s_nan_scale", qi2, [(i2_off + rows * cols // 4, struct.pack("<f", float("nan")))], ML_E_FORMAT,
-         ["blk.1.attn_v.weight", "scale"]),
-        ("norm_shape", q32, [(norm["dims"], struct.pack("<Q", 64))], ML_E_SHAPE,
-         ["blk.0.attn_norm.weight", "[64]", "[128]"]),
-        ("i2s_shape", qi2, [(vi2["dims"], struct.pack("<QQ", cols // 2, rows * 2))], ML_E_SHAPE,
-         ["blk.1.attn_v.weight"]),
-        ("feed_forward_length", q32, [(ff + 4, struct.pack("<I", 256))], ML_E_SHAPE,
-         ["blk.0.ffn_gate.weight", "256"]),
-        ("head_count_kv_not_divisor", q32, [(_after_string(b32, "qwen3.attention.head_count_kv") + 4,
-                                             struct.pack("<I", 3))], ML_E_SHAPE, ["head_count_kv"]),
-        ("key_type_f32", q32, [(_after_string(b32, "qwen3.block_count"), struct.pack("<I", 6))],
-         ML_E_FORMAT, ["qwen3.block_count", "f32"]),   # u32 -> f32: an integer is required
+        (
+            "i2s_code_3",
+            qi2,
+            [(i2_off + 33, b"\x57")],
+            ML_E_FORMAT,
+            ["blk.1.attn_v.weight", "code 3", "element 225"],
+        ),
+        (
+            "i2s_nan_scale",
+            qi2,
+            [(i2_off + rows * cols // 4, struct.pack("<f", float("nan")))],
+            ML_E_FORMAT,
+            ["blk.1.attn_v.weight", "scale"],
+        ),
+        (
+            "norm_shape",
+            q32,
+            [(norm["dims"], struct.pack("<Q", 64))],
+            ML_E_SHAPE,
+            ["blk.0.attn_norm.weight", "[64]", "[128]"],
+        ),
+        (
+            "i2s_shape",
+            qi2,
+            [(vi2["dims"], struct.pack("<QQ", cols // 2, rows * 2))],
+            ML_E_SHAPE,
+            ["blk.1.attn_v.weight"],
+        ),
+        (
+            "feed_forward_length",
+            q32,
+            [(ff + 4, struct.pack("<I", 256))],
+            ML_E_SHAPE,
+            ["blk.0.ffn_gate.weight", "256"],
+        ),
+        (
+            "head_count_kv_not_divisor",
+            q32,
+            [(_after_string(b32, "qwen3.attention.head_count_kv") + 4, struct.pack("<I", 3))],
+            ML_E_SHAPE,
+            ["head_count_kv"],
+        ),
+        (
+            "key_type_f32",
+            q32,
+            [(_after_string(b32, "qwen3.block_count"), struct.pack("<I", 6))],
+            ML_E_FORMAT,
+            ["qwen3.block_count", "f32"],
+        ),  # u32 -> f32: an integer is required
         # [bool, bool] -> [u16]: the same bytes, one entry for two layers
-        ("sliding_pattern_short", g32, [(pat + 4, struct.pack("<IQ", 2, 1))], ML_E_FORMAT,
-         ["gemma3.attention.sliding_window_pattern", "1 entries"]),
-        ("duplicate_tensor", q32, [(_info(b32, "blk.0.attn_k.weight")["name"] + len("blk.0.attn_"), b"q")],
-         ML_E_FORMAT, ["duplicate tensor blk.0.attn_q.weight"]),
+        (
+            "sliding_pattern_short",
+            g32,
+            [(pat + 4, struct.pack("<IQ", 2, 1))],
+            ML_E_FORMAT,
+            ["gemma3.attention.sliding_window_pattern", "1 entries"],
+        ),
+        (
+            "duplicate_tensor",
+            q32,
+            [(_info(b32, "blk.0.attn_k.weight")["name"] + len("blk.0.attn_"), b"q")],
+            ML_E_FORMAT,
+            ["duplicate tensor blk.0.attn_q.weight"],
+        ),
         ("version_1", q32, [(4, struct.pack("<I", 1))], ML_E_FORMAT, ["version 1"]),
         ("bad_magic", q32, [(0, b"GGUX")], ML_E_FORMAT, ["magic"]),
         ("huge_kv_count", q32, [(16, struct.pack("<Q", 2**62))], ML_E_FORMAT, ["kv count"]),
         ("huge_tensor_count", q32, [(8, struct.pack("<Q", 2**63))], ML_E_FORMAT, ["tensor count"]),
-        ("huge_string_length", q32, [(arch + 4, struct.pack("<Q", 2**63 + 5))], ML_E_FORMAT,
-         ["general.architecture", "truncated"]),
+        (
+            "huge_string_length",
+            q32,
+            [(arch + 4, struct.pack("<Q", 2**63 + 5))],
+            ML_E_FORMAT,
+            ["general.architecture", "truncated"],
+        ),
         ("n_dims_5", q32, [(norm["n_dims"], struct.pack("<I", 5))], ML_E_FORMAT, ["dimensions"]),
-        ("huge_dims", q32, [(norm["dims"], struct.pack("<Q", 2**62))], ML_E_FORMAT,
-         ["blk.0.attn_norm.weight", "truncated"]),
+        (
+            "huge_dims",
+            q32,
+            [(norm["dims"], struct.pack("<Q", 2**62))],
+            ML_E_FORMAT,
+            ["blk.0.attn_norm.weight", "truncated"],
+        ),
         ("unaligned_offset", q32, [(norm["offset"], struct.pack("<Q", 4))], ML_E_FORMAT, ["alignment"]),
-        ("tensor_past_end", q16, [(_info(b16, "output_norm.weight")["offset"],
-                                   struct.pack("<Q", (len(b16) // 32 + 1) * 32))], ML_E_FORMAT,
-         ["output_norm.weight", "truncated"]),
-        ("unknown_value_type", q32, [(_after_string(b32, "qwen3.block_count"), struct.pack("<I", 13))],
-         ML_E_FORMAT, ["qwen3.block_count", "value type 13"]),
+        (
+            "tensor_past_end",
+            q16,
+            [(_info(b16, "output_norm.weight")["offset"], struct.pack("<Q", (len(b16) // 32 + 1) * 32))],
+            ML_E_FORMAT,
+            ["output_norm.weight", "truncated"],
+        ),
+        (
+            "unknown_value_type",
+            q32,
+            [(_after_string(b32, "qwen3.block_count"), struct.pack("<I", 13))],
+            ML_E_FORMAT,
+            ["qwen3.block_count", "value type 13"],
+        ),
     ]
 
 
@@ -423,7 +555,7 @@ def test_patched_files_are_refused(lib, models, tmp_path):
         rc, _, reason = lib.load(p)
         if rc != status or not reason.startswith(str(p)) or not all(w in reason for w in words):
             wrong.append((case, rc, status, reason))
-        print(f"{case}: {rc} {reason[len(str(p)) + 2:]}")
+        print(f"{case}: {rc} {reason[len(str(p)) + 2 :]}")
     assert not wrong, "\n".join(map(str, wrong))
 
 
@@ -438,8 +570,10 @@ def test_overflowing_model_is_refused_at_embed(lib, models, tmp_path):
     assert rc == ML_OK, reason
     rc, out = lib.embed(e, TOKENS[:3], POOLS["mean"], True)
     assert rc == ML_E_FORMAT and np.isnan(out).all()
-    with pytest.raises(NumericError, match="non-finite activation"), np.errstate(over="ignore",
-                                                                              invalid="ignore"):
+    with (
+        pytest.raises(NumericError, match="non-finite activation"),
+        np.errstate(over="ignore", invalid="ignore"),
+    ):
         bitnet.embed(bitnet.load_gguf(p), TOKENS[:3], pooling="mean")
 
 
@@ -447,8 +581,7 @@ def test_truncated_files_are_refused(lib, models, tmp_path):
     for flavor, ot in (("qwen3", "f32"), ("gemma3_text", "i2_s")):
         data = models[flavor, ot][0].read_bytes()
         n_tensor_infos = _info(data, "token_embd.weight")["name"]
-        for cut in (0, 3, 7, 15, 23, 200, len(data) // 8, n_tensor_infos + 10, len(data) // 2,
-                    len(data) - 1):
+        for cut in (0, 3, 7, 15, 23, 200, len(data) // 8, n_tensor_infos + 10, len(data) // 2, len(data) - 1):
             p = tmp_path / f"{flavor}-{ot}-{cut}.gguf"
             p.write_bytes(data[:cut])
             rc, _, reason = lib.load(p)
@@ -517,12 +650,12 @@ def _mutations(src: Path, folder: Path, n: int, seed: int) -> list[Path]:
     kv pairs, tensor infos), some in the tensor data; every fifth copy truncated at random."""
     rng = np.random.default_rng(seed)
     data = src.read_bytes()
-    start = _data_offset(src, "token_embd.weight")    # the first tensor: the data section
+    start = _data_offset(src, "token_embd.weight")  # the first tensor: the data section
     out = []
     for i in range(n):
         b = bytearray(data)
         if i % 5 == 4:
-            b = b[:int(rng.integers(0, len(b)))]
+            b = b[: int(rng.integers(0, len(b)))]
         else:
             for _ in range(int(rng.integers(1, 5))):
                 hi = start if rng.random() < 0.8 else len(b)
@@ -541,20 +674,42 @@ def test_sanitizer_build(build_mod, models, tmp_path):
     src = tmp_path / "driver.c"
     src.write_text(DRIVER, encoding="utf-8")
     exe = tmp_path / "driver"
-    cmd = ["gcc", "-std=c11", "-g", "-fsanitize=address,undefined", "-I", str(NATIVE / "include"), str(src),
-           str(so), f"-Wl,-rpath,{so.parent}", "-o", str(exe)]
+    cmd = [
+        "gcc",
+        "-std=c11",
+        "-g",
+        "-fsanitize=address,undefined",
+        "-I",
+        str(NATIVE / "include"),
+        str(src),
+        str(so),
+        f"-Wl,-rpath,{so.parent}",
+        "-o",
+        str(exe),
+    ]
     r = subprocess.run(cmd, capture_output=True, encoding="utf-8")
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     valid = [models[k][0] for k in sorted(models)]
     bad = [_patched(s, tmp_path / f"{c}.gguf", ed) for c, s, ed, _, _ in _edit_cases(models)]
-    muts = _mutations(models["qwen3", "i2_s"][0], tmp_path, 60, 1) + \
-        _mutations(models["gemma3_text", "f16"][0], tmp_path, 60, 2)
+    muts = _mutations(models["qwen3", "i2_s"][0], tmp_path, 60, 1) + _mutations(
+        models["gemma3_text", "f16"][0], tmp_path, 60, 2
+    )
     paths = valid + bad + muts
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    env = dict(
+        os.environ,
+        ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+    )
     env.pop("LD_PRELOAD", None)
-    r = subprocess.run([str(exe)], input="".join(f"{p}\n" for p in paths), capture_output=True,
-                       encoding="utf-8", errors="replace", env=env, timeout=600)
+    r = subprocess.run(
+        [str(exe)],
+        input="".join(f"{p}\n" for p in paths),
+        capture_output=True,
+        encoding="utf-8",
+        errors="replace",
+        env=env,
+        timeout=600,
+    )
     for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
         assert marker not in r.stderr, r.stderr[-4000:]
     assert r.returncode == 0, r.stderr[-4000:]

@@ -53,7 +53,7 @@ ML_OK, ML_E_FORMAT, ML_E_ARG, ML_E_UNSUPPORTED = 0, 2, 4, 6
 MACHINE = platform.machine()
 X86 = MACHINE in ("x86_64", "AMD64")
 ARM = MACHINE in ("aarch64", "arm64")
-X86_TABLES = ["avx2", "avxvnni", "avx512"]   # src/i2s_<name>.c with build.py's flags, worst to best
+X86_TABLES = ["avx2", "avxvnni", "avx512"]  # src/i2s_<name>.c with build.py's flags, worst to best
 ISAS = ["scalar"] + (X86_TABLES if X86 else []) + (["neon"] if ARM else [])
 F32 = np.float32
 F32_MAX = float.fromhex("0x1.fffffep+127")
@@ -89,8 +89,9 @@ class Lib:
         out = np.full(max(out_bytes, 16), fill, np.uint8)
         a = None if a is None else np.ascontiguousarray(a)
         b = None if b is None else np.ascontiguousarray(b)
-        rc = self.lib.mlbitnet_test_kernel(isa.encode(), op.encode(), n, self._buf(a), self._buf(b),
-                                           self.ffi.from_buffer(out))
+        rc = self.lib.mlbitnet_test_kernel(
+            isa.encode(), op.encode(), n, self._buf(a), self._buf(b), self.ffi.from_buffer(out)
+        )
         return rc, out
 
     def runnable(self, isa):
@@ -101,13 +102,13 @@ class Lib:
         n = x.size
         rc, out = self.kernel(isa, "quantize_act", n, x, out_bytes=n + 8)
         assert rc == ML_OK
-        scale, total = out[n:n + 4].view(F32)[0], int(out[n + 4:n + 8].view(np.int32)[0])
+        scale, total = out[n : n + 4].view(F32)[0], int(out[n + 4 : n + 8].view(np.int32)[0])
         return out[:n].view(np.int8).copy(), scale, total
 
     def dot(self, isa, op, n, w, x):
         rc, out = self.kernel(isa, op, n, np.ascontiguousarray(w, np.uint8), np.ascontiguousarray(x, np.int8))
         assert rc == ML_OK
-        return out[:4 if op == "dot" else 16].view(np.int32).copy()
+        return out[: 4 if op == "dot" else 16].view(np.int32).copy()
 
     def quantize(self, w):
         """(status, payload bytes) of ml_i2s_quantize on a 2-D float32 array."""
@@ -123,17 +124,24 @@ class Lib:
         q = np.zeros((rows, cols), np.int8)
         s = np.zeros(max(rows, 1), F32)
         n = np.zeros(max(rows, 1), np.int32)
-        rc = self.lib.ml_i2s_quantize_act(self._buf(x), rows, cols, self.ffi.from_buffer(q),
-                                          self.ffi.from_buffer(s), self.ffi.from_buffer(n))
+        rc = self.lib.ml_i2s_quantize_act(
+            self._buf(x),
+            rows,
+            cols,
+            self.ffi.from_buffer(q),
+            self.ffi.from_buffer(s),
+            self.ffi.from_buffer(n),
+        )
         return rc, q, s[:rows], n[:rows]
 
     def matmul(self, payload, rows, cols, x):
         x = np.ascontiguousarray(x, F32)
         y = np.full((max(x.shape[0], 1), max(rows, 1)), np.nan, F32)
         p = np.frombuffer(payload, np.uint8)
-        rc = self.lib.ml_i2s_matmul(self._buf(p), rows, cols, self._buf(x), x.shape[0],
-                                    self.ffi.from_buffer(y))
-        return rc, y[:x.shape[0], :rows]
+        rc = self.lib.ml_i2s_matmul(
+            self._buf(p), rows, cols, self._buf(x), x.shape[0], self.ffi.from_buffer(y)
+        )
+        return rc, y[: x.shape[0], :rows]
 
     def isa_now(self):
         return self.ffi.string(self.lib.ml_isa()).decode()
@@ -181,11 +189,11 @@ def activation_rows(seed: int) -> list[np.ndarray]:
     rows: list[np.ndarray] = []
     lengths = [1, 7, 31, 33, 128, 131, 256, 640, 1000, 4096]
     for n in lengths:
-        rows.append(np.zeros(n, F32))                                              # all zero: a = 12700000
+        rows.append(np.zeros(n, F32))  # all zero: a = 12700000
         rows.append(np.full(n, -0.0, F32))
         rows.append((rng.standard_normal(n) * np.exp2(rng.integers(-20, 20))).astype(F32))
-        rows.append(_bits_f32(rng, n))                                             # huge and tiny at once
-        rows.append((rng.integers(-254, 255, n) / 2.0).astype(F32))               # halves; amax 127 -> a = 1
+        rows.append(_bits_f32(rng, n))  # huge and tiny at once
+        rows.append((rng.integers(-254, 255, n) / 2.0).astype(F32))  # halves; amax 127 -> a = 1
     # t = x * a exactly k + 0.5 (a = 1: amax = 127; a = 2^e: amax = 127 * 2^-e), both signs
     for e in (-60, -3, 0, 5, 40):
         n = 256
@@ -203,14 +211,18 @@ def activation_rows(seed: int) -> list[np.ndarray]:
         v[rng.integers(0, n)] = amax * rng.choice([F32(-1), F32(1)])
         rows.append(v.astype(F32))
     # |t| at 127 (x = +-amax, a rounded up: t = 127 * (1 + 2^-24)-ish) and 126.5, 0.5 - 2^-25
-    rows.append(np.array([127.0, -127.0, 126.5, -126.5, h("0x1.fffffep-2"), -h("0x1.fffffep-2"), 0.5, -0.5]
-                         + [0.0] * 120, F32))
+    rows.append(
+        np.array(
+            [127.0, -127.0, 126.5, -126.5, h("0x1.fffffep-2"), -h("0x1.fffffep-2"), 0.5, -0.5] + [0.0] * 120,
+            F32,
+        )
+    )
     for amax in (3.0, 7.0, 1e-3, h("0x1.fffffep+127"), 1e-5, h("0x1.4f8b58p-17"), 9.99e-6, 1e-30):
         n = 128
         x = np.linspace(-amax, amax, n).astype(F32)
         x[0], x[-1] = F32(amax), F32(-amax)
         rows.append(x)
-    rows.append(np.full(128, h("0x1p-149"), F32))                                 # subnormals only
+    rows.append(np.full(128, h("0x1p-149"), F32))  # subnormals only
     rows.append(np.full(4096, F32_MAX, F32))
     rows.append((np.array([F32_MAX, -F32_MAX, 1.0, -1.0] * 32)).astype(F32))
     return rows
@@ -244,10 +256,11 @@ def dot_inputs(seed: int):
 # ---------------------------------------------------------------- entry points
 def test_isa_selection(lib):
     auto = lib.isa_now()
-    override = os.environ.get("MLRT_ISA", "")   # the first choice (native/src/cpu.h) when runnable
-    best = [i for i in ISAS if lib.runnable(i)][-1]   # ISAS runs from the scalar twin to the best
-    assert auto == (override if override in ISAS and lib.runnable(override) else best), \
+    override = os.environ.get("MLRT_ISA", "")  # the first choice (native/src/cpu.h) when runnable
+    best = [i for i in ISAS if lib.runnable(i)][-1]  # ISAS runs from the scalar twin to the best
+    assert auto == (override if override in ISAS and lib.runnable(override) else best), (
         "MLRT_ISA's table, else the best runnable one"
+    )
     try:
         assert lib.lib.ml_set_isa(b"scalar") == ML_OK and lib.isa_now() == "scalar"
         assert lib.lib.ml_set_isa(b"no-such-isa") == ML_E_UNSUPPORTED
@@ -260,7 +273,7 @@ def test_isa_selection(lib):
 
 def test_hook_arguments(lib):
     z8, zf = np.zeros(512, np.int8), np.zeros(512, F32)
-    assert lib.kernel("scalar", "dot", 130, z8, z8)[0] == ML_E_ARG      # not a multiple of 128
+    assert lib.kernel("scalar", "dot", 130, z8, z8)[0] == ML_E_ARG  # not a multiple of 128
     assert lib.kernel("scalar", "dot", 0, z8, z8)[0] == ML_E_ARG
     assert lib.kernel("scalar", "quantize_act", 0, zf)[0] == ML_E_ARG
     assert lib.kernel("scalar", "dot", 128, z8, None)[0] == ML_E_ARG
@@ -287,14 +300,18 @@ def test_quantize_act_matches_reference(lib, isa, seed):
         wq, wa, ws = ref_act(x)
         if q.tobytes() != wq.tobytes() or a.tobytes() != wa.tobytes() or s != ws:
             j = np.flatnonzero(q != wq)[:3]
-            bad.append(f"row {i} (n {x.size}): scale {float(a).hex()} vs {float(wa).hex()}, sum {s} vs {ws}, "
-                       f"(x, q, want) {[(float(x[k]).hex(), int(q[k]), int(wq[k])) for k in j]}")
+            bad.append(
+                f"row {i} (n {x.size}): scale {float(a).hex()} vs {float(wa).hex()}, sum {s} vs {ws}, "
+                f"(x, q, want) {[(float(x[k]).hex(), int(q[k]), int(wq[k])) for k in j]}"
+            )
     assert not bad, f"{isa}: {len(bad)} of {len(rows)} rows differ:\n" + "\n".join(bad[:5])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(x=hnp.arrays(F32, st.integers(1, 700), elements=st.floats(-2.0**20, 2.0**20, width=32)),
-       scale=st.sampled_from([1.0, 2.0**-140, 2.0**100, 127.0]))
+@given(
+    x=hnp.arrays(F32, st.integers(1, 700), elements=st.floats(-(2.0**20), 2.0**20, width=32)),
+    scale=st.sampled_from([1.0, 2.0**-140, 2.0**100, 127.0]),
+)
 def test_quantize_act_hypothesis(lib, x, scale):
     x = (x * F32(scale)).astype(F32)
     want = ref_act(x)
@@ -307,13 +324,14 @@ def test_quantize_act_hypothesis(lib, x, scale):
 @pytest.mark.parametrize("seed", [3, 4])
 def test_dots_match_reference(lib, isa, seed):
     for n, w, x in dot_inputs(seed):
-        row0 = w[:n // 4]
+        row0 = w[: n // 4]
         want = np.stack([ref_int(row0, 1, n, x[t])[0] for t in range(4)])
         assert lib.dot(isa, "dot", n, row0, x[0])[0] == want[0], f"{isa} dot n {n}"
         np.testing.assert_array_equal(lib.dot(isa, "dot4", n, row0, x), want, err_msg=f"{isa} dot4 n {n}")
         want_rows = ref_int(w, 4, n, x[1])
-        np.testing.assert_array_equal(lib.dot(isa, "dot_rows4", n, w, x[1]), want_rows,
-                                      err_msg=f"{isa} dot_rows4 n {n}")
+        np.testing.assert_array_equal(
+            lib.dot(isa, "dot_rows4", n, w, x[1]), want_rows, err_msg=f"{isa} dot_rows4 n {n}"
+        )
 
 
 def test_prefill_tile_matches_reference(lib, isa):
@@ -329,10 +347,13 @@ def test_prefill_tile_matches_reference(lib, isa):
                 return
             assert rc == ML_OK
             pad = np.frombuffer(b"\xa5" * 4, np.int32)[0]
-            want = np.array([[ref_int(w[r * n // 4:], 1, n, x8[t])[0] for r in range(2)] + [pad]
-                             for t in range(8)], np.int32)
-            np.testing.assert_array_equal(out[:96].view(np.int32).reshape(8, 3), want,
-                                          err_msg=f"{isa} dot_rows2x8 n {n}")
+            want = np.array(
+                [[ref_int(w[r * n // 4 :], 1, n, x8[t])[0] for r in range(2)] + [pad] for t in range(8)],
+                np.int32,
+            )
+            np.testing.assert_array_equal(
+                out[:96].view(np.int32).reshape(8, 3), want, err_msg=f"{isa} dot_rows2x8 n {n}"
+            )
 
 
 def _float_dot(w: np.ndarray, x: np.ndarray) -> np.float32:
@@ -341,8 +362,8 @@ def _float_dot(w: np.ndarray, x: np.ndarray) -> np.float32:
     s = np.zeros(8, F32)
     p = (w.astype(F32) * x.astype(F32)).astype(F32)
     for k in range(0, p.size, 8):
-        part = p[k:k + 8]
-        s[:part.size] = (s[:part.size] + part).astype(F32)
+        part = p[k : k + 8]
+        s[: part.size] = (s[: part.size] + part).astype(F32)
     return F32(F32(F32(s[0] + s[1]) + F32(s[2] + s[3])) + F32(F32(s[4] + s[5]) + F32(s[6] + s[7])))
 
 
@@ -353,25 +374,31 @@ def test_float_dots_follow_the_table_order(lib, isa, seed):
     rng = np.random.default_rng(seed)
     for n in (1, 7, 8, 9, 64, 127, 640, 1000, 4096):
         h = rng.integers(0, 2**16, n, dtype=np.uint32).astype(np.uint16)
-        h = np.where((h & 0x7C00) == 0x7C00, h & 0xBFFF, h).astype(np.uint16)          # finite
+        h = np.where((h & 0x7C00) == 0x7C00, h & 0xBFFF, h).astype(np.uint16)  # finite
         wf = (rng.standard_normal(n) * np.exp2(rng.integers(-12, 12, n))).astype(F32)
         x = (rng.standard_normal(n) * np.exp2(rng.integers(-12, 12, n))).astype(F32)
         out = np.zeros(4, np.uint8)
-        for op, w, want in (("dot_f16", h, _float_dot(h.view(np.float16), x)),
-                            ("dot_f32", wf, _float_dot(wf, x))):
-            rc = lib.lib.mlbitnet_test_kernel(isa.encode(), op.encode(), n, lib._buf(w), lib._buf(x),
-                                              lib.ffi.from_buffer(out))
+        for op, w, want in (
+            ("dot_f16", h, _float_dot(h.view(np.float16), x)),
+            ("dot_f32", wf, _float_dot(wf, x)),
+        ):
+            rc = lib.lib.mlbitnet_test_kernel(
+                isa.encode(), op.encode(), n, lib._buf(w), lib._buf(x), lib.ffi.from_buffer(out)
+            )
             assert rc == ML_OK
             assert out.view(F32)[0].tobytes() == want.tobytes(), f"{isa} {op} n {n}"
-        xs = np.stack([x, -x[::-1], wf * F32(0.5), x * wf]).astype(F32)     # one key row, four queries
+        xs = np.stack([x, -x[::-1], wf * F32(0.5), x * wf]).astype(F32)  # one key row, four queries
         want4 = np.array([_float_dot(wf, r) for r in xs], F32)
         _same_bits(_kernel_f32(lib, isa, "dot_f32x4", wf, xs, count=4), want4, f"{isa} dot_f32x4 n {n}")
         for nk in (2, 3, 5):  # a run of keys (two at a time on x86, then the odd one)
             keys = np.stack([wf * F32(1 + t) if t % 2 else wf[::-1] for t in range(nk)]).astype(F32)
             b = np.concatenate([np.int32([nk]).view(F32), xs.ravel()])
             want = np.array([[_float_dot(keys[t], xs[i]) for t in range(nk)] for i in range(4)], F32)
-            _same_bits(_kernel_f32(lib, isa, "dot_f32x4_keys", keys.ravel(), b, count=4 * nk, n=n),
-                       want.ravel(), f"{isa} dot_f32x4 n {n} {nk} keys")
+            _same_bits(
+                _kernel_f32(lib, isa, "dot_f32x4_keys", keys.ravel(), b, count=4 * nk, n=n),
+                want.ravel(),
+                f"{isa} dot_f32x4 n {n} {nk} keys",
+            )
 
 
 # ---------------------------------------------------------------- element-wise kernels
@@ -381,7 +408,7 @@ def _kernel_f32(lib, isa, op, a, b=None, count: int | None = None, n: int | None
     count = n if count is None else count
     rc, out = lib.kernel(isa, op, n, a, b, out_bytes=4 * count)
     assert rc == ML_OK, f"{isa} {op}"
-    return out[:4 * count].view(F32).copy()
+    return out[: 4 * count].view(F32).copy()
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
@@ -440,17 +467,23 @@ def test_elementwise_kernels_follow_the_formulas(lib, isa, seed):
     groups)."""
     rng = np.random.default_rng(seed)
     for n in (1, 7, 8, 9, 31, 64, 1000, 2048):
-        sumi = (rng.integers(-2**31, 2**31, n) >> rng.integers(0, 32, n)).astype(np.int32)
-        act_sum = int(rng.integers(-2**23, 2**23))
+        sumi = (rng.integers(-(2**31), 2**31, n) >> rng.integers(0, 32, n)).astype(np.int32)
+        act_sum = int(rng.integers(-(2**23), 2**23))
         a, d = F32(rng.uniform(0.5, 2) * 2.0 ** rng.integers(-20, 20)), F32(rng.uniform(0.01, 1))
         params = np.concatenate([np.array([act_sum], np.int32).view(F32), [a, d]]).astype(F32)
-        _same_bits(_kernel_f32(lib, isa, "epilogue", sumi, params),
-                   ((sumi.astype(F32) - F32(act_sum)) / a) * d, f"{isa} epilogue n {n}")
+        _same_bits(
+            _kernel_f32(lib, isa, "epilogue", sumi, params),
+            ((sumi.astype(F32) - F32(act_sum)) / a) * d,
+            f"{isa} epilogue n {n}",
+        )
         x = _activation_inputs(seed)[rng.integers(0, 250_000, n)]
         y = (rng.standard_normal(n) * np.exp2(rng.integers(-10, 10, n))).astype(F32)
         p = F32(rng.standard_normal())
-        _same_bits(_kernel_f32(lib, isa, "axpy", x, np.concatenate([[p], y]).astype(F32)), y + p * x,
-                   f"{isa} axpy n {n}")
+        _same_bits(
+            _kernel_f32(lib, isa, "axpy", x, np.concatenate([[p], y]).astype(F32)),
+            y + p * x,
+            f"{isa} axpy n {n}",
+        )
         y4 = np.stack([y, -y, y[::-1], y * F32(3)]).astype(F32)
         for nt in (0, 1, 3, 9):  # a run of nt V rows, each added in order
             xs = np.array([np.roll(x, 5 * t) * F32(1 + t) for t in range(nt)], F32).reshape(nt, n)
@@ -464,8 +497,11 @@ def test_elementwise_kernels_follow_the_formulas(lib, isa, seed):
         for op in ("silu_mul", "gelu_mul"):
             _same_bits(_kernel_f32(lib, isa, op, x, y), _header_act(op[0] == "g", x, y), f"{isa} {op} n {n}")
         r = F32(1 / rng.uniform(0.01, 100))  # RMSNorm's scaling, in place (out = v)
-        _same_bits(_kernel_f32(lib, isa, "norm_mul", x, np.concatenate([[r], y]).astype(F32)), (x * r) * y,
-                   f"{isa} norm_mul n {n}")
+        _same_bits(
+            _kernel_f32(lib, isa, "norm_mul", x, np.concatenate([[r], y]).astype(F32)),
+            (x * r) * y,
+            f"{isa} norm_mul n {n}",
+        )
 
 
 def test_activations_are_as_accurate_as_float32_numpy(lib):
@@ -477,11 +513,13 @@ def test_activations_are_as_accurate_as_float32_numpy(lib):
     g = _activation_inputs(8)
     g64 = g.astype(np.float64)
     with np.errstate(over="ignore"):
-        want = {"silu_mul": g64 / (1 + np.exp(-g64)),
-                "gelu_mul": 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3)))}
+        want = {
+            "silu_mul": g64 / (1 + np.exp(-g64)),
+            "gelu_mul": 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64**3))),
+        }
     for op, ref in want.items():
         got = _kernel_f32(lib, "scalar", op, g, np.ones_like(g))
-        assert (np.abs(got - ref) <= 2.5 * 2.0 ** -24 * np.abs(g64) + 2.0 ** -149).all(), op
+        assert (np.abs(got - ref) <= 2.5 * 2.0**-24 * np.abs(g64) + 2.0**-149).all(), op
         big = np.abs(ref) >= 1e-3 * np.abs(g64)
         assert _ulps(got[big], ref[big].astype(F32)).max() <= 16, op
 
@@ -527,18 +565,18 @@ def weight_tensors(seed: int) -> list[np.ndarray]:
         out.append(rng.standard_normal((rows, cols)).astype(F32))
         wide = np.exp2(rng.integers(-40, 40, (rows, cols)))
         out.append((rng.standard_normal((rows, cols)) * wide).astype(F32))
-        out.append(_bits_f32(rng, (rows, cols)) * F32(2.0**-20))                 # no overflow in the mean
-        out.append((rng.integers(-3, 4, (rows, cols)) * 0.5).astype(F32))        # many exact ties
+        out.append(_bits_f32(rng, (rows, cols)) * F32(2.0**-20))  # no overflow in the mean
+        out.append((rng.integers(-3, 4, (rows, cols)) * 0.5).astype(F32))  # many exact ties
         out.append(np.zeros((rows, cols), F32))
     # +-0.5 and +-1.5 of the scale exactly: values in units u = 2^e whose |sum| is n u (m = u, s = 2^-e)
     for e in (-20, 0, 7):
         n = 1024
         k = rng.choice([0.0, 0.5, -0.5, 1.5, -1.5, 1.0, -1.0], n)
         k[0] = 0.0
-        k[0] = n - np.abs(k).sum()                                                # positive: |k| avg < 1
+        k[0] = n - np.abs(k).sum()  # positive: |k| avg < 1
         out.append(np.ldexp(k, e).astype(F32).reshape(8, 128))
     out.append(np.full((2, 128), F32_MAX / 2**20, F32))
-    out.append(np.full((1, 128), float.fromhex("0x1p-149"), F32))                # floored: q = 0, d = 1e-5
+    out.append(np.full((1, 128), float.fromhex("0x1p-149"), F32))  # floored: q = 0, d = 1e-5
     out.append(summation_order_tensor())
     return out
 
@@ -561,7 +599,7 @@ def test_summation_order_tensor_discriminates():
     plain = F32(np.float64(plain) / a.size)
     chunks = F32(0)
     for i in range(0, a.size, 8192):
-        chunks = F32(chunks + i2s.pairwise_sum(a[i:i + 8192]))
+        chunks = F32(chunks + i2s.pairwise_sum(a[i : i + 8192]))
     chunks = F32(np.float64(chunks) / a.size)
     assert len({float(numpy2), float(plain), float(chunks)}) == 3
     assert i2s.abs_mean(a) == chunks
@@ -602,9 +640,11 @@ def test_quantize_matches_reference(lib, using, seed):
         want = i2s.payload(w)
         if data != want:
             n = w.size // 4
-            bad.append(f"tensor {i} {w.shape}: scale {data[n:n + 4].hex()} vs {want[n:n + 4].hex()}, "
-                       f"first packed difference at byte "
-                       f"{next((k for k in range(n) if data[k] != want[k]), None)}")
+            bad.append(
+                f"tensor {i} {w.shape}: scale {data[n : n + 4].hex()} vs {want[n : n + 4].hex()}, "
+                f"first packed difference at byte "
+                f"{next((k for k in range(n) if data[k] != want[k]), None)}"
+            )
     assert not bad, f"{len(bad)} of {len(tensors)} payloads differ:\n" + "\n".join(bad)
 
 
@@ -625,13 +665,20 @@ def test_quantize_act_api_matches_reference(lib, using, seed):
 
 def matmul_cases(seed: int):
     rng = np.random.default_rng(seed)
-    for rows, cols, n in ((1, 128, 1), (5, 256, 3), (8, 512, 4), (13, 384, 9), (64, 1024, 2), (7, 4096, 5),
-                          (4, 128, 8)):
+    for rows, cols, n in (
+        (1, 128, 1),
+        (5, 256, 3),
+        (8, 512, 4),
+        (13, 384, 9),
+        (64, 1024, 2),
+        (7, 4096, 5),
+        (4, 128, 8),
+    ):
         w = (rng.standard_normal((rows, cols)) * np.exp2(rng.integers(-5, 5))).astype(F32)
         x = (rng.standard_normal((n, cols)) * np.exp2(rng.integers(-10, 10, (n, 1)))).astype(F32)
         x[0, : cols // 2] = 0.0
         if n > 2:
-            x[2] = 0.0                                                             # an all-zero row: y = 0
+            x[2] = 0.0  # an all-zero row: y = 0
         yield w, x
     case = next(c for c in SPEC["edge_cases"] if c["op"] == "bitlinear")
     yield _vec(case["w"], F32).reshape(1, 128), _vec(case["x"], F32).reshape(1, 128)
@@ -645,8 +692,9 @@ def test_matmul_matches_bitlinear(lib, using, seed):
         rc, y = lib.matmul(payload, rows, cols, x)
         assert rc == ML_OK, (rows, cols)
         want = i2s.bitlinear(x, payload, (rows, cols))
-        np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32),
-                                      err_msg=f"{rows}x{cols}, n {len(x)}")
+        np.testing.assert_array_equal(
+            y.view(np.uint32), want.view(np.uint32), err_msg=f"{rows}x{cols}, n {len(x)}"
+        )
 
 
 def test_bitlinear_spec_case(lib, using):
@@ -674,7 +722,7 @@ def test_refusals(lib):
     out = np.zeros(256, np.uint8)
     assert L.ml_i2s_quantize(ffi.NULL, 1, 128, ffi.from_buffer(out)) == ML_E_ARG
     assert L.ml_i2s_quantize(ffi.from_buffer(w), 1, 128, ffi.NULL) == ML_E_ARG
-    huge = (2**62, 2**61)                                                         # rows * cols overflows
+    huge = (2**62, 2**61)  # rows * cols overflows
     assert L.ml_i2s_quantize(ffi.from_buffer(w), *huge, ffi.from_buffer(out)) == ML_E_ARG
     # ml_i2s_quantize_act
     for cols in (64, 130):
@@ -698,17 +746,21 @@ def test_refusals(lib):
         assert rc == ML_E_ARG and np.isnan(y).all(), "nothing written before the refusal"
     y = np.zeros((3, 2), F32)
     assert L.ml_i2s_matmul(ffi.NULL, 2, 256, ffi.from_buffer(x), 3, ffi.from_buffer(y)) == ML_E_ARG
-    assert L.ml_i2s_matmul(ffi.from_buffer(np.frombuffer(payload, np.uint8)), 2, 256, ffi.NULL, 3,
-                           ffi.from_buffer(y)) == ML_E_ARG
+    assert (
+        L.ml_i2s_matmul(
+            ffi.from_buffer(np.frombuffer(payload, np.uint8)), 2, 256, ffi.NULL, 3, ffi.from_buffer(y)
+        )
+        == ML_E_ARG
+    )
     # code 3 anywhere in the packed data (not in the tail) is ML_E_FORMAT
     n = 2 * 256 // 4
     for pos, field in ((0, 0xC0), (n - 1, 0x03), (77, 0x30), (100, 0x0C)):
         p = bytearray(payload)
-        p[pos] |= field                                                           # that 2-bit code := 3
+        p[pos] |= field  # that 2-bit code := 3
         rc, y = lib.matmul(bytes(p), 2, 256, x)
         assert rc == ML_E_FORMAT and np.isnan(y).all(), (pos, hex(p[pos]))
     tail = bytearray(payload)
-    tail[n + 4:] = b"\xff" * 28                                                   # the tail is not checked
+    tail[n + 4 :] = b"\xff" * 28  # the tail is not checked
     assert lib.matmul(bytes(tail), 2, 256, x)[0] == ML_OK
 
 
@@ -716,8 +768,8 @@ def test_bench_matvec(lib):
     for isa in ISAS:
         if lib.runnable(isa):
             assert lib.lib.mlbitnet_bench_matvec(isa.encode(), 256, 1024, 1, 2, 0) > 0, isa
-    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 1024, 2, 1, 0) > 0              # threads
-    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 1024, 2, 1, 1) > 0              # cold
+    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 1024, 2, 1, 0) > 0  # threads
+    assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 1024, 2, 1, 1) > 0  # cold
     assert lib.lib.mlbitnet_bench_matvec(b"scalar", 64, 130, 1, 1, 0) < 0
     assert lib.lib.mlbitnet_bench_matvec(b"no-such-isa", 64, 128, 1, 1, 0) < 0
 
@@ -737,12 +789,20 @@ def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: li
     objs = []
     for src, flags in sources:
         obj = out.parent / f"{out.name}.{src.stem}.o"
-        r = subprocess.run([cc, *CFLAGS, *flags, "-c", str(src), "-o", str(obj)], capture_output=True,
-                           text=True, encoding="utf-8")
+        r = subprocess.run(
+            [cc, *CFLAGS, *flags, "-c", str(src), "-o", str(obj)],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+        )
         assert r.returncode == 0, f"{cc} {src.name}:\n{r.stderr}"
         objs.append(str(obj))
-    r = subprocess.run([cc, *CFLAGS, *link, "-o", str(out), *objs, "-lm", "-lpthread"], capture_output=True,
-                       text=True, encoding="utf-8")
+    r = subprocess.run(
+        [cc, *CFLAGS, *link, "-o", str(out), *objs, "-lm", "-lpthread"],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+    )
     assert r.returncode == 0, f"{cc} link:\n{r.stderr}"
     return out
 
@@ -751,11 +811,20 @@ def driver_sources(simd: list[str], extra: list[str]) -> list[tuple[Path, list[s
     """The driver and the library's sources, the SIMD files ``simd`` (i2s_<name>.c) with the ISA
     flags backends/native/build.py gives them."""
     build = _load_build_module()
-    common = [BITNET / "tests" / "i2s_main.c", SRC / "i2s_scalar.c", SRC / "dispatch.c", SRC / "i2s_api.c",
-              SRC / "embed.c", SRC / "gguf.c", NATIVE / "src" / "pool.c", NATIVE / "src" / "f16.c",
-              NATIVE / "src" / "cpu.c"]
-    return [(p, extra) for p in common] + [(SRC / f"i2s_{t}.c", [*extra, *build.ISA_FLAGS[f"i2s_{t}.c"][1]])
-                                           for t in simd]
+    common = [
+        BITNET / "tests" / "i2s_main.c",
+        SRC / "i2s_scalar.c",
+        SRC / "dispatch.c",
+        SRC / "i2s_api.c",
+        SRC / "embed.c",
+        SRC / "gguf.c",
+        NATIVE / "src" / "pool.c",
+        NATIVE / "src" / "f16.c",
+        NATIVE / "src" / "cpu.c",
+    ]
+    return [(p, extra) for p in common] + [
+        (SRC / f"i2s_{t}.c", [*extra, *build.ISA_FLAGS[f"i2s_{t}.c"][1]]) for t in simd
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -766,8 +835,10 @@ def neon_driver(tmp_path_factory) -> list[str]:
         return [str(_compile("gcc", tmp_path_factory.mktemp("neon") / "i2s_main", srcs, []))]
     missing = [t for t in ("aarch64-linux-gnu-gcc", "qemu-aarch64") if shutil.which(t) is None]
     if missing:
-        pytest.skip(f"NEON I2_S kernels untested: {', '.join(missing)} not found "
-                    "(apt-get install gcc-aarch64-linux-gnu qemu-user)")
+        pytest.skip(
+            f"NEON I2_S kernels untested: {', '.join(missing)} not found "
+            "(apt-get install gcc-aarch64-linux-gnu qemu-user)"
+        )
     exe = _compile("aarch64-linux-gnu-gcc", tmp_path_factory.mktemp("neon") / "i2s_main", srcs, ["-static"])
     return ["qemu-aarch64", "-cpu", "max", str(exe)]
 
@@ -777,8 +848,13 @@ def sanitized_driver(tmp_path_factory) -> list[str]:
     """The same driver built natively with AddressSanitizer + UBSan (x86-64: every x86 table)."""
     if not X86:
         pytest.skip("the sanitized driver build is for x86-64 (aarch64 runs the plain build natively)")
-    san = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-           "-fno-omit-frame-pointer"]
+    san = [
+        "-O1",
+        "-g",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        "-fno-omit-frame-pointer",
+    ]
     srcs = driver_sources(X86_TABLES, san)
     return [str(_compile("gcc", tmp_path_factory.mktemp("san") / "i2s_main", srcs, san))]
 
@@ -800,7 +876,7 @@ def _runnable(driver: list[str]) -> list[str]:
     out = ["scalar"]
     for t in _tables(driver)[1:]:
         r = _run([*driver, t, "selftest", "0"])
-        if not (r.returncode == 3 and b"not runnable" in r.stderr):   # e.g. an x86-64 without AVX-512
+        if not (r.returncode == 3 and b"not runnable" in r.stderr):  # e.g. an x86-64 without AVX-512
             out.append(t)
     return out
 
@@ -813,7 +889,7 @@ def check_driver(driver: list[str]) -> None:
     for isa in runnable:
         r = _run([*driver, isa, "selftest", "200"])
         assert r.returncode == 0 and r.stdout.rstrip().endswith(b" 0 mismatches"), r.stdout + r.stderr
-        best = runnable[-1]   # dispatch.c's order: the best runnable table is the last of _tables
+        best = runnable[-1]  # dispatch.c's order: the best runnable table is the last of _tables
         assert f"automatic choice: {best}\n".encode() in r.stdout, r.stdout
         # quantize_act on rows of each length
         rows = activation_rows(12)
@@ -823,13 +899,17 @@ def check_driver(driver: list[str]) -> None:
             out = out.reshape(len(x), n + 8)
             wq, ws = i2s.quantize_activations(x)
             np.testing.assert_array_equal(out[:, :n].view(np.int8), wq, err_msg=f"{isa} quantize_act n {n}")
-            np.testing.assert_array_equal(out[:, n:n + 4].copy().view(np.uint32)[:, 0], ws.view(np.uint32),
-                                          err_msg=f"{isa} quantize_act scale n {n}")
-            np.testing.assert_array_equal(out[:, n + 4:].copy().view(np.int32)[:, 0],
-                                          wq.astype(np.int32).sum(axis=1))
+            np.testing.assert_array_equal(
+                out[:, n : n + 4].copy().view(np.uint32)[:, 0],
+                ws.view(np.uint32),
+                err_msg=f"{isa} quantize_act scale n {n}",
+            )
+            np.testing.assert_array_equal(
+                out[:, n + 4 :].copy().view(np.int32)[:, 0], wq.astype(np.int32).sum(axis=1)
+            )
         # dots
         for n, w, x in dot_inputs(13):
-            row0 = w[:n // 4]
+            row0 = w[: n // 4]
             want = np.stack([ref_int(row0, 1, n, x[t])[0] for t in range(4)])
             got = np.frombuffer(_call(driver, isa, "dot", [n], row0.tobytes() + x[0].tobytes()), np.int32)
             assert got[0] == want[0], f"{isa} dot n {n}"
@@ -845,8 +925,11 @@ def check_driver(driver: list[str]) -> None:
             payload = i2s.payload(w)
             got = np.frombuffer(_call(driver, isa, "matmul", [*w.shape, len(x)], payload + x.tobytes()), F32)
             want = i2s.bitlinear(x, payload, w.shape)
-            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32).ravel(),
-                                          err_msg=f"{isa} matmul {w.shape} n {len(x)}")
+            np.testing.assert_array_equal(
+                got.view(np.uint32),
+                want.view(np.uint32).ravel(),
+                err_msg=f"{isa} matmul {w.shape} n {len(x)}",
+            )
         bad = bytearray(i2s.payload(np.ones((1, 128), F32)))
         bad[5] = 0xFF
         r = _run([*driver, isa, "matmul", "1", "128", "1"], bytes(bad) + np.ones(128, F32).tobytes())
@@ -891,8 +974,11 @@ def check_embed(driver: list[str]) -> None:
                 r = _run([*driver, isa, "embed", str(path), str(code), "0"], toks.tobytes())
                 assert r.returncode == 0, f"{isa} embed {path.name}: exit {r.returncode}\n{r.stderr.decode()}"
                 got = np.frombuffer(r.stdout, F32)
-                np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
-                                              err_msg=f"{isa} {path.name} {len(toks)} tokens {pooling}")
+                np.testing.assert_array_equal(
+                    got.view(np.uint32),
+                    want.view(np.uint32),
+                    err_msg=f"{isa} {path.name} {len(toks)} tokens {pooling}",
+                )
     finally:
         here.close()
 

@@ -26,7 +26,7 @@ from mlconf.tools.convert_bitnet import convert  # noqa: E402
 
 FLAVORS = ("qwen3", "gemma3_text")
 OUTTYPES = ("f32", "f16", "i2_s")
-TOKENS = [5, 17, 3, 42, 99, 7, 250, 11, 64, 128, 1, 33]   # 12 > Gemma's sliding window 8
+TOKENS = [5, 17, 3, 42, 99, 7, 250, 11, 64, 128, 1, 33]  # 12 > Gemma's sliding window 8
 COS_MIN = 0.999
 
 

@@ -21,14 +21,17 @@ def test_every_rule_and_fixture_is_a_case():
     assert len(ids) == len(fixtures.catalog())
 
 
-@pytest.mark.parametrize("expr, yes, no", [
-    ("magic", ["loader/format.magic/gguf"], ["loader/format.version/two"]),
-    ("MAGIC", ["loader/format.magic/gguf"], []),
-    ("magic and not gguf", ["loader/format.magic/mlb2"], ["loader/format.magic/gguf"]),
-    ("version or wtype", ["loader/format.version/two", "loader/format.wtype/zero"], ["header/q8_min"]),
-    ("not (header or quant)", ["loader/format.magic/gguf"], ["header/q8_min", "quant/q8_0/x"]),
-    ("header and (q4 or f16)", ["header/q4_search", "header/q8_f16"], ["header/q8_min"]),
-])
+@pytest.mark.parametrize(
+    "expr, yes, no",
+    [
+        ("magic", ["loader/format.magic/gguf"], ["loader/format.version/two"]),
+        ("MAGIC", ["loader/format.magic/gguf"], []),
+        ("magic and not gguf", ["loader/format.magic/mlb2"], ["loader/format.magic/gguf"]),
+        ("version or wtype", ["loader/format.version/two", "loader/format.wtype/zero"], ["header/q8_min"]),
+        ("not (header or quant)", ["loader/format.magic/gguf"], ["header/q8_min", "quant/q8_0/x"]),
+        ("header and (q4 or f16)", ["header/q4_search", "header/q8_f16"], ["header/q8_min"]),
+    ],
+)
 def test_keyword_expressions(expr, yes, no):
     m = cases.keyword_matcher(expr)
     assert all(m(s) for s in yes) and not any(m(s) for s in no)
@@ -91,27 +94,33 @@ def test_bitnet_embed_case_counts():
     embed = _bitnet_kind("embed")
     ids = [c.id for c in embed]
     assert len(ids) == len(set(ids))
-    per = 3 * len(cases.EMBED_POOLINGS) * 2          # sequences x poolings x normalize
-    tolerances = {"ternary": ("embeddings_vs_oracle", "embeddings_runtime_vs_reference"),
-                  "float": ("embeddings_float_vs_oracle", "embeddings_float_vs_reference")}
+    per = 3 * len(cases.EMBED_POOLINGS) * 2  # sequences x poolings x normalize
+    tolerances = {
+        "ternary": ("embeddings_vs_oracle", "embeddings_runtime_vs_reference"),
+        "float": ("embeddings_float_vs_oracle", "embeddings_float_vs_reference"),
+    }
     for name in names:
         own = str(np.load(cases.BITNET_DIR / f"{name}.npz")["reading"])
         mine = [c for c in embed if c.id.startswith(f"bitnet/embed/{name}/")]
-        for reading in (None, "ternary"):   # the file's own reading, and the ternary option
+        for reading in (None, "ternary"):  # the file's own reading, and the ternary option
             sel = [c for c in mine if c.params["reading"] == reading]
             if reading == "ternary" and (own == "ternary" or name.endswith("teacher_f16")):
-                assert not sel   # i2_s: own reading already; a teacher has no ternary reading
+                assert not sel  # i2_s: own reading already; a teacher has no ternary reading
                 continue
             vs_oracle, vs_ref = tolerances[reading or own]
             oracle = [c for c in sel if not c.id.endswith("/vs_reference")]
             assert len(oracle) == per and all(c.params["tolerance"] == vs_oracle for c in oracle)
             assert all(("/ternary/" in c.id) == (reading == "ternary") for c in sel)
             vs = [c for c in sel if c.id.endswith("/vs_reference")]
-            assert len(vs) == per and all(c.params["tolerance"] == vs_ref and
-                                          c.params["expected_from"] == "reference" for c in vs)
+            assert len(vs) == per and all(
+                c.params["tolerance"] == vs_ref and c.params["expected_from"] == "reference" for c in vs
+            )
         oracle = [c for c in mine if not c.id.endswith("/vs_reference")]
-        refused = {c.id.rsplit("/", 1)[1] for c in embed if c.id.startswith(f"bitnet/embed/refused/{name}/")
-                   and c.params["op"] == "open"}
+        refused = {
+            c.id.rsplit("/", 1)[1]
+            for c in embed
+            if c.id.startswith(f"bitnet/embed/refused/{name}/") and c.params["op"] == "open"
+        }
         tensors = cases.gguf_tensors(cases.BITNET_DIR / f"{name}.gguf")
         has_i2s = any(t["type"] == cases.GGUF_I2_S for t in tensors)
         assert refused == set(cases.GGUF_DAMAGE) - (set() if has_i2s else {"code3"})
@@ -119,10 +128,14 @@ def test_bitnet_embed_case_counts():
             assert c.expected.dtype == np.float32 and c.expected.ndim == 1
     bad_calls = [c for c in embed if c.params.get("op") == "embed_call"]
     assert len(bad_calls) == len(cases.EMBED_BAD_CALLS)
-    students_f = sum(1 for n in names if str(np.load(cases.BITNET_DIR / f"{n}.npz")["reading"]) == "float"
-                     and not n.endswith("teacher_f16"))   # float students are read ternary too
+    students_f = sum(
+        1
+        for n in names
+        if str(np.load(cases.BITNET_DIR / f"{n}.npz")["reading"]) == "float" and not n.endswith("teacher_f16")
+    )  # float students are read ternary too
     assert len(embed) == (len(names) + students_f) * 2 * per + sum(
-        1 for c in embed if c.params.get("op") == "open") + len(bad_calls)
+        1 for c in embed if c.params.get("op") == "open"
+    ) + len(bad_calls)
 
 
 def test_bitnet_spec_payloads_are_consistent():

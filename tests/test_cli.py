@@ -18,8 +18,9 @@ def mlconf(*args, cwd=None, env=None):
     (PYTHONUTF8=1 unless ``env`` says otherwise), so that no test depends on the locale."""
     argv = [sys.executable, "-m", "mlconf.cli", *(str(a).encode("utf-8") for a in args)]
     env = {**os.environ, "PYTHONUTF8": "1", **(env or {})}
-    return subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace",
-                          cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        argv, capture_output=True, encoding="utf-8", errors="replace", cwd=cwd, env=env, timeout=300
+    )
 
 
 def no_traceback(r):
@@ -80,13 +81,14 @@ def test_fixtures_manifest_matches_catalog_and_is_deterministic(fx, tmp_path):
     again = tmp_path / "again"
     assert mlconf("fixtures", again).returncode == 0
 
-    def digest(root: Path):      # what stands at each path (special files too: fixtures._state)
+    def digest(root: Path):  # what stands at each path (special files too: fixtures._state)
         out = {}
         for folder, dirs, names in os.walk(root):
             for n in dirs + names:
                 p = Path(folder) / n
                 out[p.relative_to(root).as_posix()] = fixtures._state(p)
         return out
+
     assert digest(fx) == digest(again)
     assert digest(fx)["malformed/io.open/fifo.mlb"] == "fifo"
 
@@ -113,14 +115,17 @@ def test_quantize_float64_is_rounded_to_float32(tmp_path):
     assert np.load(tmp_path / "o.npz")["q"].tobytes() == q.tobytes()
 
 
-@pytest.mark.parametrize("make, needle", [
-    (lambda p: np.save(p, np.full(32, np.nan, np.float32)), "non-finite"),
-    (lambda p: np.save(p, np.zeros(33, np.float32)), "multiple of 32"),
-    (lambda p: np.save(p, np.zeros(32, np.int32)), "not floating point"),
-    (lambda p: p.write_bytes(b"not numpy"), "not an .npy file"),
-    (lambda p: p.write_bytes(b"\x93NUMPY\x01\x00garbage"), "not a readable .npy"),
-    (lambda p: None, "No such file"),
-])
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda p: np.save(p, np.full(32, np.nan, np.float32)), "non-finite"),
+        (lambda p: np.save(p, np.zeros(33, np.float32)), "multiple of 32"),
+        (lambda p: np.save(p, np.zeros(32, np.int32)), "not floating point"),
+        (lambda p: p.write_bytes(b"not numpy"), "not an .npy file"),
+        (lambda p: p.write_bytes(b"\x93NUMPY\x01\x00garbage"), "not a readable .npy"),
+        (lambda p: None, "No such file"),
+    ],
+)
 def test_quantize_bad_input(tmp_path, make, needle):
     src = tmp_path / "in.npy"
     make(src)
@@ -145,22 +150,24 @@ def test_run_prints_table_and_selects(tmp_path):
     assert row.split()[:3] == ["reference", "loader", "9"]
     assert mlconf("run", "-k", "no-such-case", cwd=tmp_path).returncode == 5
     assert mlconf("run", "-k", "(unbalanced", cwd=tmp_path).returncode == 4
-    assert not (tmp_path / "reports").exists()   # nothing written for a run that selects nothing
-
-
+    assert not (tmp_path / "reports").exists()  # nothing written for a run that selects nothing
 
 
 def test_forward_writes_logits_and_refuses_bad_tokens(tmp_path):
     from mlconf.golden import GOLDEN_DIR
+
     model = GOLDEN_DIR / "logits" / "qwen2_bias.mlb"
     r = mlconf("forward", model, "--tokens", "1,2,3", "-o", tmp_path / "l.npy")
     assert r.returncode == 0, r.stderr
     assert np.load(tmp_path / "l.npy").shape == (3, 128)
     r = mlconf("forward", model, "--tokens", "1,2,3")
     assert r.returncode == 0 and r.stdout.count("argmax") == 3
-    for args, needle in ((["--tokens", "1,999"], "outside"), (["--tokens", "1,a"], "comma-separated"),
-                         (["--tokens", "1", "--ctx", "100000"], "ctx"),
-                         (["--tokens", "1", "-b", "nope"], "unknown backend")):
+    for args, needle in (
+        (["--tokens", "1,999"], "outside"),
+        (["--tokens", "1,a"], "comma-separated"),
+        (["--tokens", "1", "--ctx", "100000"], "ctx"),
+        (["--tokens", "1", "-b", "nope"], "unknown backend"),
+    ):
         r = mlconf("forward", model, *args)
         assert r.returncode == 4 and needle in r.stderr, (args, r.stderr)
         no_traceback(r)
@@ -169,6 +176,7 @@ def test_forward_writes_logits_and_refuses_bad_tokens(tmp_path):
 def test_imatrix_command(tmp_path):
     from mlconf.golden import GOLDEN_DIR
     from mlconf.tools import mlb
+
     model = GOLDEN_DIR / "logits" / "qwen2_bias.mlb"
     (tmp_path / "t.txt").write_text("1 2 3\n4,5\n", encoding="utf-8")
     r = mlconf("imatrix", model, "--tokens-file", tmp_path / "t.txt", "--ctx", "2", "-o", tmp_path / "o.mli")
@@ -183,6 +191,7 @@ def test_imatrix_command(tmp_path):
 def test_convert_command(tmp_path):
     pytest.importorskip("torch")
     from mlconf.tools import hf_models
+
     hf_models.build("qwen2", tmp_path / "hf", seed=0)
     r = mlconf("convert", tmp_path / "hf", tmp_path / "m.mlb", "--wtype", "q4_0", "--f16-scales")
     assert r.returncode == 0, r.stderr
@@ -195,6 +204,7 @@ def test_convert_command(tmp_path):
 def test_encode_decode_commands(tmp_path):
     from mlconf import mlt_fixtures
     from mlconf.tools import mlt
+
     p = tmp_path / "sp.mlt"
     mlt.write(p, mlt_fixtures.BASES["sp"][0])
     # <s>, "▁ab", "▁ab", "▁", then the byte tokens of é (0xC3 0xA9) at 2 + byte
@@ -205,9 +215,11 @@ def test_encode_decode_commands(tmp_path):
     assert mlconf("encode", p, "--file", tmp_path / "t.txt").stdout.strip() == "0,263,263,258,197,171"
     r = mlconf("decode", p, "--ids", "263,263,258,197,171")
     assert r.returncode == 0 and r.stdout == "ab ab é\n"
-    for args, needle in ((["decode", p, "--ids", "99999"], "99999"),
-                         (["encode", tmp_path / "absent.mlt", "--text", "x"], "ML_E_IO"),
-                         (["encode", p, "--file", tmp_path / "absent.txt"], "cannot read")):
+    for args, needle in (
+        (["decode", p, "--ids", "99999"], "99999"),
+        (["encode", tmp_path / "absent.mlt", "--text", "x"], "ML_E_IO"),
+        (["encode", p, "--file", tmp_path / "absent.txt"], "cannot read"),
+    ):
         r = mlconf(*args)
         assert r.returncode == 4 and needle in r.stderr, (args, r.stderr)
         no_traceback(r)
@@ -220,6 +232,7 @@ def test_decode_in_an_ascii_locale_escapes_what_it_cannot_print(tmp_path):
     """LC_ALL=C without Python's UTF-8 coercion: stdout is ASCII; "é" prints escaped, no traceback."""
     from mlconf import mlt_fixtures
     from mlconf.tools import mlt
+
     p = tmp_path / "sp.mlt"
     mlt.write(p, mlt_fixtures.BASES["sp"][0])
     ascii_env = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
@@ -231,16 +244,21 @@ def test_decode_in_an_ascii_locale_escapes_what_it_cannot_print(tmp_path):
 def test_bench_tokenizer_runs():
     r = mlconf("bench", "tokenizer")
     assert r.returncode == 0, r.stderr
-    impls = [line.split()[1] for line in r.stdout.splitlines() if line.split()[:1]
-             and line.split()[0].endswith((".mlt", ".json"))]
+    impls = [
+        line.split()[1]
+        for line in r.stdout.splitlines()
+        if line.split()[:1] and line.split()[0].endswith((".mlt", ".json"))
+    ]
     assert impls.count("reference") == 2 and "MB_s" in r.stdout, r.stdout
-    assert impls.count("native") == 2, r.stdout     # the C encoder, in-process
+    assert impls.count("native") == 2, r.stdout  # the C encoder, in-process
 
 
 def test_unwritable_outputs_are_errors_not_tracebacks(tmp_path):
     np.save(tmp_path / "x.npy", np.ones(32, np.float32))
-    for args in (["fixtures", "/proc/mlconf-no-such-dir"],
-                 ["quantize", "--type", "q8_0", tmp_path / "x.npy", tmp_path]):
+    for args in (
+        ["fixtures", "/proc/mlconf-no-such-dir"],
+        ["quantize", "--type", "q8_0", tmp_path / "x.npy", tmp_path],
+    ):
         r = mlconf(*args)
         assert r.returncode == 4 and r.stderr.startswith("mlconf: error:"), (args, r.stderr)
         no_traceback(r)
@@ -250,6 +268,7 @@ def test_unwritable_outputs_are_errors_not_tracebacks(tmp_path):
 def test_convert_bitnet_command(tmp_path):
     pytest.importorskip("torch")
     from mlconf.tools import bitnet_models
+
     bitnet_models.build("qwen3", tmp_path / "ckpt", seed=0, hidden_size=128)
     r = mlconf("convert-bitnet", tmp_path / "ckpt", tmp_path / "m.gguf", "--outtype", "i2_s")
     assert r.returncode == 0, r.stderr
@@ -262,19 +281,21 @@ def test_convert_bitnet_command(tmp_path):
 # ---------------------------------------------------------------- mlconf embed (BitNet GGUF goldens)
 def _bitnet_golden(name):
     from mlconf.golden import GOLDEN_DIR
+
     return GOLDEN_DIR / "bitnet" / f"{name}.gguf", np.load(GOLDEN_DIR / "bitnet" / f"{name}.npz")
 
 
 def test_embed_tokens_prints_the_reference_embedding_exactly():
     pytest.importorskip("gguf")
     from mlconf.backends.reference import bitnet
+
     path, g = _bitnet_golden("qwen3_i2s")
     toks = g["tokens_1"]
     r = mlconf("embed", path, "--tokens", ",".join(map(str, toks)))
     assert r.returncode == 0, r.stderr
     got = np.array(r.stdout.split(), dtype=np.float32)
-    want = bitnet.embed(bitnet.load_gguf(path), toks)   # the GGUF's pooling (last)
-    assert got.tobytes() == want.tobytes()          # the text reads back to the same float32 bits
+    want = bitnet.embed(bitnet.load_gguf(path), toks)  # the GGUF's pooling (last)
+    assert got.tobytes() == want.tobytes()  # the text reads back to the same float32 bits
     np.testing.assert_allclose(got, g["last_1"], rtol=0, atol=1e-5)
 
 
@@ -282,8 +303,18 @@ def test_embed_json_pooling_normalize():
     pytest.importorskip("gguf")
     path, g = _bitnet_golden("gemma3_i2s")
     toks = [int(t) for t in g["tokens_2"]]
-    r = mlconf("embed", path, "--tokens", ",".join(map(str, toks)), "--pooling", "cls", "--normalize",
-               "--json", "-b", "reference")
+    r = mlconf(
+        "embed",
+        path,
+        "--tokens",
+        ",".join(map(str, toks)),
+        "--pooling",
+        "cls",
+        "--normalize",
+        "--json",
+        "-b",
+        "reference",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert set(doc) == {"model", "backend", "tokens", "pooling", "normalize", "reading", "embedding"}
@@ -300,8 +331,11 @@ def test_embed_reading_option():
     pytest.importorskip("gguf")
     path, g = _bitnet_golden("qwen3_f16")
     toks = ",".join(map(str, g["tokens_2"]))
-    for extra, key in (([], "mean_2"), (["--reading", "ternary"], "ternary_mean_2"),
-                       (["--reading", "float"], "mean_2")):
+    for extra, key in (
+        ([], "mean_2"),
+        (["--reading", "ternary"], "ternary_mean_2"),
+        (["--reading", "float"], "mean_2"),
+    ):
         for backend in ("reference", "bitnet"):
             r = mlconf("embed", path, "--tokens", toks, "--pooling", "mean", "--json", "-b", backend, *extra)
             assert r.returncode == 0, r.stderr
@@ -323,6 +357,7 @@ def test_embed_text_uses_the_gguf_tokenizer_and_appends_eos():
     pytest.importorskip("gguf")
     pytest.importorskip("tokenizers")
     from mlconf.tools import bitnet_models, golden_bitnet
+
     path, _ = _bitnet_golden("qwen3_i2s")
     hf = bitnet_models.tokenizer("qwen3", seed=golden_bitnet.SEED)
     eos = hf.token_to_id("<|endoftext|>")
@@ -342,6 +377,7 @@ def test_embed_text_on_a_sentencepiece_vocabulary_prepends_bos():
     pytest.importorskip("gguf")
     pytest.importorskip("tokenizers")
     from mlconf.tools import bitnet_models, golden_bitnet
+
     path, _ = _bitnet_golden("gemma3_i2s")
     hf = bitnet_models.tokenizer("gemma3_text", seed=golden_bitnet.SEED)
     for text in ("hello world", "the quick brown fox é", "a<bos>b"):
@@ -357,15 +393,16 @@ def test_embed_errors_are_one_line(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"GGUF" + bytes(20))
     (tmp_path / "text.gguf").write_text("not a model", encoding="utf-8")
     for args, needle in (
-            ([tmp_path / "absent.gguf", "--tokens", "1"], "absent.gguf"),
-            ([tmp_path / "bad.gguf", "--tokens", "1"], "bad.gguf"),
-            ([tmp_path / "text.gguf", "--tokens", "1"], "text.gguf"),
-            ([tmp_path / "text.gguf", "--text", "hi"], "text.gguf"),
-            ([path, "--tokens", "5,256"], "256"),
-            ([path, "--tokens", "5,-1"], "-1"),
-            ([path, "--tokens", "1,x"], "--tokens"),
-            ([path, "--tokens", ","], "no token"),
-            ([path, "--tokens", "1", "-b", "no-such-backend"], "no-such-backend")):
+        ([tmp_path / "absent.gguf", "--tokens", "1"], "absent.gguf"),
+        ([tmp_path / "bad.gguf", "--tokens", "1"], "bad.gguf"),
+        ([tmp_path / "text.gguf", "--tokens", "1"], "text.gguf"),
+        ([tmp_path / "text.gguf", "--text", "hi"], "text.gguf"),
+        ([path, "--tokens", "5,256"], "256"),
+        ([path, "--tokens", "5,-1"], "-1"),
+        ([path, "--tokens", "1,x"], "--tokens"),
+        ([path, "--tokens", ","], "no token"),
+        ([path, "--tokens", "1", "-b", "no-such-backend"], "no-such-backend"),
+    ):
         r = mlconf("embed", *args)
         assert r.returncode == 4, (args, r.stdout, r.stderr)
         assert r.stderr.startswith("mlconf: error:") and needle in r.stderr, (args, r.stderr)

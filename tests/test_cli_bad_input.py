@@ -58,6 +58,7 @@ def run(work: Path, *args, env=None):
     """cli.main in ``work``: (exit status, stdout, stderr)."""
     import contextlib
     import io
+
     out, err = io.StringIO(), io.StringIO()
     old = Path.cwd()
     os.chdir(work)
@@ -67,7 +68,7 @@ def run(work: Path, *args, env=None):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 rc = cli.main([str(a) for a in args])
-            except SystemExit as e:     # argparse --help and the converters' own parsers
+            except SystemExit as e:  # argparse --help and the converters' own parsers
                 rc = e.code
     finally:
         os.chdir(old)
@@ -80,8 +81,12 @@ def run(work: Path, *args, env=None):
 
 
 def subprocess_run(work: Path, *args: bytes | str, timeout: float = 60):
-    argv = [sys.executable, "-m", "mlconf.cli",
-            *(a if isinstance(a, bytes) else str(a).encode() for a in args)]
+    argv = [
+        sys.executable,
+        "-m",
+        "mlconf.cli",
+        *(a if isinstance(a, bytes) else str(a).encode() for a in args),
+    ]
     r = subprocess.run(argv, capture_output=True, cwd=work, timeout=timeout)
     return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
 
@@ -100,8 +105,12 @@ USAGE = exits.USAGE
 ROWS = [
     # 3: absurd token ids, on every command that takes them
     (["forward", "llama.mlb", "--tokens", "99999999999999999999999"], USAGE, "--tokens", None),
-    (["imatrix", "llama.mlb", "--tokens", "99999999999999999999999", "-o", "x.mli"], USAGE, "--tokens",
-     "x.mli"),
+    (
+        ["imatrix", "llama.mlb", "--tokens", "99999999999999999999999", "-o", "x.mli"],
+        USAGE,
+        "--tokens",
+        "x.mli",
+    ),
     (["embed", "emb.gguf", "--tokens", "99999999999999999999999"], USAGE, "--tokens", None),
     (["decode", "tok.mlt", "--ids", "99999999999999999999999"], USAGE, "--ids", None),
     (["forward", "llama.mlb", "--tokens", "-1"], USAGE, "--tokens", None),
@@ -124,8 +133,12 @@ ROWS = [
     # 7, 8: empty and binary token input
     (["imatrix", "llama.mlb", "--tokens", "", "-o", "x.mli"], USAGE, "--tokens", "x.mli"),
     (["imatrix", "llama.mlb", "--tokens-file", "picture.png", "-o", "x.mli"], USAGE, "picture.png", "x.mli"),
-    (["imatrix", "llama.mlb", "--tokens-file", "adir", "-o", "x.mli"], USAGE,
-     "adir: cannot read: is a directory", "x.mli"),
+    (
+        ["imatrix", "llama.mlb", "--tokens-file", "adir", "-o", "x.mli"],
+        USAGE,
+        "adir: cannot read: is a directory",
+        "x.mli",
+    ),
     (["encode", "tok.mlt", "--file", "picture.png"], USAGE, "picture.png", None),
     # 10: bench arguments
     (["bench", "quant", "--rows", "-1"], USAGE, "--rows", None),
@@ -159,10 +172,18 @@ ROWS = [
     (["forward", "dangling.mlb", "--tokens", "1"], USAGE, "dangling.mlb", None),
     (["forward", "null.mlb", "--tokens", "1"], USAGE, "is a character device (ML_E_IO)", None),
     # a model whose values turn NaN (decision forward.nonfinite): the matrix and the position
-    (["forward", "nan.mlb", "--tokens", "1,2"], USAGE, "position 0, element 0 of the input of layers.0.w2",
-     None),
-    (["forward", "nan.mlb", "--tokens", "1,2", "-b", "native", "-o", "l.npy"], USAGE,
-     "nan.mlb: ml_forward of 2 token(s) at pos 0 returned ML_E_FORMAT: a non-finite activation", "l.npy"),
+    (
+        ["forward", "nan.mlb", "--tokens", "1,2"],
+        USAGE,
+        "position 0, element 0 of the input of layers.0.w2",
+        None,
+    ),
+    (
+        ["forward", "nan.mlb", "--tokens", "1,2", "-b", "native", "-o", "l.npy"],
+        USAGE,
+        "nan.mlb: ml_forward of 2 token(s) at pos 0 returned ML_E_FORMAT: a non-finite activation",
+        "l.npy",
+    ),
     (["imatrix", "nan.mlb", "--tokens", "1,2", "-o", "x.mli"], USAGE, "non-finite activation nan", "x.mli"),
     # 18: empty text
     (["embed", "emb.gguf", "--text", ""], USAGE, "--text", None),
@@ -196,11 +217,18 @@ def test_bad_argument(work, args, rc, names, output):
     assert_one_error(got, err, rc, names)
     if output:
         assert not os.path.lexists(work / output), output
-    assert {p.name for p in work.iterdir()} == before       # nothing half-written, nothing new
+    assert {p.name for p in work.iterdir()} == before  # nothing half-written, nothing new
 
 
-@pytest.mark.parametrize("args", [["load", "f.mlb"], ["load", "f.mlt"], ["load", "f.mlb", "-b", "native"],
-                                  ["load", "f.mlt", "-b", "native"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["load", "f.mlb"],
+        ["load", "f.mlt"],
+        ["load", "f.mlb", "-b", "native"],
+        ["load", "f.mlt", "-b", "native"],
+    ],
+)
 def test_a_fifo_is_refused_at_once(work, args):
     """Rows 1-2: a FIFO with no writer is ML_E_IO on every backend, without blocking."""
     rc, out, err = subprocess_run(work, *args, "--json", timeout=60)
@@ -213,7 +241,7 @@ def test_a_fifo_is_refused_at_once(work, args):
 def test_special_files_one_status(work, name, backend):
     for suffix in ("", ".mlt"):
         path = name
-        if suffix:          # the same special file read as a tokenizer: a symlink named .mlt
+        if suffix:  # the same special file read as a tokenizer: a symlink named .mlt
             path = f"as_tok_{Path(name).name}{suffix}"
             if not os.path.lexists(work / path):
                 os.symlink(os.path.abspath(work / name) if not name.startswith("/") else name, work / path)
@@ -221,14 +249,19 @@ def test_special_files_one_status(work, name, backend):
         assert rc == exits.REJECTED and '"status": "ML_E_IO"' in out, (path, out, err)
 
 
-@pytest.mark.parametrize("args", [["quantize", "--type", "q8_0", "f.npy", "o.npz"],
-                                  ["imatrix", "llama.mlb", "--tokens-file", "f.txt", "-o", "x.mli"],
-                                  ["encode", "tok.mlt", "--file", "f.txt"],
-                                  ["forward", "f.mlb", "--tokens", "1"],
-                                  ["embed", "f.gguf", "--tokens", "1"],
-                                  ["convert-tokenizer", "f.json", "o.mlt"],
-                                  ["convert", "ck", "o.mlb"],
-                                  ["convert-bitnet", "ck", "o.gguf"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["quantize", "--type", "q8_0", "f.npy", "o.npz"],
+        ["imatrix", "llama.mlb", "--tokens-file", "f.txt", "-o", "x.mli"],
+        ["encode", "tok.mlt", "--file", "f.txt"],
+        ["forward", "f.mlb", "--tokens", "1"],
+        ["embed", "f.gguf", "--tokens", "1"],
+        ["convert-tokenizer", "f.json", "o.mlt"],
+        ["convert", "ck", "o.mlb"],
+        ["convert-bitnet", "ck", "o.gguf"],
+    ],
+)
 def test_fifo_inputs_of_commands(work, args):
     rc, _, err = subprocess_run(work, *args, timeout=60)
     assert_one_error(rc, err, exits.USAGE, "is a FIFO")
@@ -258,8 +291,9 @@ def test_extension_is_case_insensitive(work):
 def test_empty_rows_quantize_alike(work, tmp_path):
     """Row 21: a (0, 32) array quantizes to empty arrays on every backend."""
     for backend in ("reference", "native"):
-        rc, _, err = run(work, "quantize", "--type", "q8_0", "empty_rows.npy", tmp_path / f"{backend}.npz",
-                         "-b", backend)
+        rc, _, err = run(
+            work, "quantize", "--type", "q8_0", "empty_rows.npy", tmp_path / f"{backend}.npz", "-b", backend
+        )
         assert rc == 0, err
         z = np.load(tmp_path / f"{backend}.npz")
         assert z["q"].shape == (0, 32) and z["d"].shape == (0, 1)
@@ -268,23 +302,31 @@ def test_empty_rows_quantize_alike(work, tmp_path):
 def test_fixtures_manifest_lists_every_file(generated):
     """Row 20: every file `mlconf fixtures` writes is in manifest.json."""
     import json
+
     out, _ = generated
     doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    listed = {p for f in doc["fixtures"] for p in (f["file"], f["imatrix"]) if p
-              and {"path": "missing"} not in f["mutate"]} | {"manifest.json"}
+    listed = {
+        p
+        for f in doc["fixtures"]
+        for p in (f["file"], f["imatrix"])
+        if p and {"path": "missing"} not in f["mutate"]
+    } | {"manifest.json"}
     written = set()
     for folder, dirs, names in os.walk(out):
         for n in dirs + names:
             p = Path(folder) / n
             if p.is_dir() and not p.is_symlink() and p.relative_to(out).as_posix() not in listed:
-                continue            # a folder of files
+                continue  # a folder of files
             written.add(p.relative_to(out).as_posix())
     assert written == listed
 
 
 # ---------------------------------------------------------------- numbers, by hypothesis
-NUMBERS = st.one_of(st.integers(-2**80, 2**80), st.floats(allow_nan=True, allow_infinity=True).map(repr),
-                    st.text(max_size=12))
+NUMBERS = st.one_of(
+    st.integers(-(2**80), 2**80),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.text(max_size=12),
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -312,7 +354,7 @@ def test_timeouts_take_or_refuse(v):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.integers(-2**70, 2**70), st.text(max_size=4)), max_size=5))
+@given(st.lists(st.one_of(st.integers(-(2**70), 2**70), st.text(max_size=4)), max_size=5))
 def test_token_lists_take_or_refuse(items):
     text = ",".join(str(i) for i in items)
     try:
@@ -324,11 +366,11 @@ def test_token_lists_take_or_refuse(items):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(-2**70, 2**70))
+@given(st.integers(-(2**70), 2**70))
 def test_ctx_on_the_command_line(work, ctx):
     rc, _, err = run(work, "forward", "llama.mlb", "--tokens", "1", "--ctx", str(ctx), "-o", "l.npy")
     if 1 <= ctx <= 2**24:
-        assert rc in (exits.OK, exits.USAGE) and "Traceback" not in err   # above max_seq: the model says so
+        assert rc in (exits.OK, exits.USAGE) and "Traceback" not in err  # above max_seq: the model says so
     else:
         assert_one_error(rc, err, exits.USAGE, "--ctx")
     (work / "l.npy").unlink(missing_ok=True)
@@ -345,9 +387,11 @@ def test_bench_tokenizer_keeps_native_without_hf(work, monkeypatch):
     """Row 25: without HF tokenizers the reference and native rows remain."""
     from mlconf import bench
     from mlconf.backends.native import LIBRARY
-    monkeypatch.setitem(sys.modules, "tokenizers", None)      # import tokenizers -> ImportError
-    rows = bench.tokenizer_bench(str(work / "tok.mlt"), str(work / "absent.json"), "hello world " * 100,
-                                 repeat=1)
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers -> ImportError
+    rows = bench.tokenizer_bench(
+        str(work / "tok.mlt"), str(work / "absent.json"), "hello world " * 100, repeat=1
+    )
     impls = [r["impl"] for r in rows]
     assert "HF tokenizers" not in impls and impls[0] == "reference"
     assert ("native" in impls) == LIBRARY.exists()

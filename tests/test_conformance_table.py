@@ -14,8 +14,21 @@ from mlconf import cli, conformance_table
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory):
     out = tmp_path_factory.mktemp("ct")
-    cli.main(["run", "-b", "reference", "-b", "native", "--area", "quant", "-k", "q8_0 and not f16",
-              "--report", str(out)])
+    cli.main(
+        [
+            "run",
+            "-b",
+            "reference",
+            "-b",
+            "native",
+            "--area",
+            "quant",
+            "-k",
+            "q8_0 and not f16",
+            "--report",
+            str(out),
+        ]
+    )
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
 
 
@@ -45,8 +58,7 @@ def test_update_rewrites_only_the_block(doc, tmp_path):
     md = tmp_path / "README.md"
     b, e = (m.format(name="native") for m in (conformance_table.BEGIN, conformance_table.END))
     md.write_text(f"# x\n\nbefore\n{b}\nold table\n{e}\nafter\n", encoding="utf-8")
-    assert cli.main(["report", _save(doc, tmp_path),
-                     "--conformance", "native", "--update", str(md)]) == 0
+    assert cli.main(["report", _save(doc, tmp_path), "--conformance", "native", "--update", str(md)]) == 0
     text = md.read_text(encoding="utf-8")
     i, j = conformance_table.block(text, "native")
     assert text[i:j] == conformance_table.render(doc, "native")

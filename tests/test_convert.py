@@ -80,13 +80,21 @@ def expected_header(model) -> tuple[dict, list[int] | None]:
     cfg, tm = text_parts(model)
     dim, nh = cfg.hidden_size, cfg.num_attention_heads
     hd = getattr(cfg, "head_dim", None) or dim // nh
-    e: dict = dict(dim=dim, n_layers=cfg.num_hidden_layers, n_heads=nh, n_kv_heads=cfg.num_key_value_heads,
-                   hidden_dim=cfg.intermediate_size, vocab=cfg.vocab_size,
-                   max_seq=cfg.max_position_embeddings, norm_eps=float(F32(cfg.rms_norm_eps)),
-                   shared_classifier=int(bool(model.config.tie_word_embeddings)),
-                   head_dim=0 if hd == dim // nh else hd, wtype=1)
+    e: dict = dict(
+        dim=dim,
+        n_layers=cfg.num_hidden_layers,
+        n_heads=nh,
+        n_kv_heads=cfg.num_key_value_heads,
+        hidden_dim=cfg.intermediate_size,
+        vocab=cfg.vocab_size,
+        max_seq=cfg.max_position_embeddings,
+        norm_eps=float(F32(cfg.rms_norm_eps)),
+        shared_classifier=int(bool(model.config.tie_word_embeddings)),
+        head_dim=0 if hd == dim // nh else hd,
+        wtype=1,
+    )
     rot = tm.rotary_emb
-    local_types = hasattr(rot, "sliding_attention_inv_freq")       # Gemma 3: RoPE per layer type
+    local_types = hasattr(rot, "sliding_attention_inv_freq")  # Gemma 3: RoPE per layer type
     inv = rot.full_attention_inv_freq if local_types else rot.inv_freq
     rp = cfg.rope_parameters["full_attention"] if local_types else cfg.rope_parameters
     rot_dim = 2 * len(inv)
@@ -96,14 +104,19 @@ def expected_header(model) -> tuple[dict, list[int] | None]:
     if rp["rope_type"] in ("linear", "llama3", "yarn"):
         e["rope_factor"] = float(F32(rp["factor"]))
     if rp["rope_type"] == "llama3":
-        e.update(rope_low_freq_factor=rp["low_freq_factor"], rope_high_freq_factor=rp["high_freq_factor"],
-                 rope_orig_max_seq=rp["original_max_position_embeddings"])
+        e.update(
+            rope_low_freq_factor=rp["low_freq_factor"],
+            rope_high_freq_factor=rp["high_freq_factor"],
+            rope_orig_max_seq=rp["original_max_position_embeddings"],
+        )
     if rp["rope_type"] == "yarn":
         scaling = rot.full_attention_attention_scaling if local_types else rot.attention_scaling
-        e.update(rope_low_freq_factor=rp.get("beta_fast") or 32,
-                 rope_high_freq_factor=rp.get("beta_slow") or 1,
-                 rope_orig_max_seq=rp["original_max_position_embeddings"],
-                 rope_attn_factor=float(F32(scaling)))
+        e.update(
+            rope_low_freq_factor=rp.get("beta_fast") or 32,
+            rope_high_freq_factor=rp.get("beta_slow") or 1,
+            rope_orig_max_seq=rp["original_max_position_embeddings"],
+            rope_attn_factor=float(F32(scaling)),
+        )
     act = getattr(cfg, "hidden_activation", None) or cfg.hidden_act
     e["act"] = {"silu": 0, "gelu_pytorch_tanh": 1}[act]
     layers = list(tm.layers)
@@ -115,7 +128,7 @@ def expected_header(model) -> tuple[dict, list[int] | None]:
     e["post_norms"] = int(hasattr(layers[0], "post_feedforward_layernorm"))
     if hasattr(tm.embed_tokens, "scalar_embed_scale"):
         e["embed_scale"] = float(F32(tm.embed_tokens.scalar_embed_scale))
-    e["attn_scale"] = 0.0 if math.isclose(sa.scaling, hd ** -0.5) else float(F32(sa.scaling))
+    e["attn_scale"] = 0.0 if math.isclose(sa.scaling, hd**-0.5) else float(F32(sa.scaling))
     e["attn_softcap"] = float(getattr(cfg, "attn_logit_softcapping", None) or 0)
     e["final_softcap"] = float(getattr(cfg, "final_logit_softcapping", None) or 0)
     flags, window = [], 0
@@ -123,13 +136,18 @@ def expected_header(model) -> tuple[dict, list[int] | None]:
         f = 0
         if hasattr(la, "linear_attn"):
             lin = la.linear_attn
-            e.update(lin_k_heads=lin.num_k_heads, lin_v_heads=lin.num_v_heads, lin_k_dim=lin.head_k_dim,
-                     lin_v_dim=lin.head_v_dim, lin_conv=lin.conv_kernel_size)
+            e.update(
+                lin_k_heads=lin.num_k_heads,
+                lin_v_heads=lin.num_v_heads,
+                lin_k_dim=lin.head_k_dim,
+                lin_v_dim=lin.head_v_dim,
+                lin_conv=lin.conv_kernel_size,
+            )
             flags.append(8)
             continue
         a = la.self_attn
         w = a.sliding_window if hasattr(a, "sliding_window") else getattr(cfg, "sliding_window", None)
-        if w is not None and w < cfg.max_position_embeddings:   # a wider window is dropped (decision)
+        if w is not None and w < cfg.max_position_embeddings:  # a wider window is dropped (decision)
             f |= 1
             window = w
         if local_types and a.layer_type == "sliding_attention":
@@ -160,24 +178,27 @@ def test_header(name, hf, converted):
 
 def test_header_literals(converted):
     """A few expectations written out by hand from hf_models.MODELS."""
-    flags = {n: (lambda m: list(m.flags) if m.flags is not None else None)(mlb.read(p))
-             for n, p in converted.items()}
-    assert flags["gemma2"] == [1, 0, 1, 0]                 # sliding, full, ...
-    assert flags["gemma3_text"] == [3, 3, 0, 3]            # window + local RoPE base; layer 2 global
-    assert flags["smollm3"] == [0, 0, 0, 5]                # layer 3: no RoPE, and windowed
+    flags = {
+        n: (lambda m: list(m.flags) if m.flags is not None else None)(mlb.read(p))
+        for n, p in converted.items()
+    }
+    assert flags["gemma2"] == [1, 0, 1, 0]  # sliding, full, ...
+    assert flags["gemma3_text"] == [3, 3, 0, 3]  # window + local RoPE base; layer 2 global
+    assert flags["smollm3"] == [0, 0, 0, 5]  # layer 3: no RoPE, and windowed
     assert flags["qwen3_5_text"] == [8, 8, 8, 0]
     assert flags["mistral"] is None and flags["llama"] is None
     h = {n: mlb.read(p).header for n, p in converted.items()}
     assert h["mistral"]["sliding_window"] == 8
-    assert h["mistral_wide_window"]["sliding_window"] == 0          # 4096 >= max_position_embeddings 128
-    assert h["gemma2"]["attn_scale"] == pytest.approx(24 ** -0.5)
-    assert h["gemma3_text"]["attn_scale"] == 0                      # query_pre_attn_scalar == head_dim
+    assert h["mistral_wide_window"]["sliding_window"] == 0  # 4096 >= max_position_embeddings 128
+    assert h["gemma2"]["attn_scale"] == pytest.approx(24**-0.5)
+    assert h["gemma3_text"]["attn_scale"] == 0  # query_pre_attn_scalar == head_dim
     assert h["gemma3_text"]["rope_type"] == 2 and h["gemma3_text"]["rope_factor"] == 8
     assert h["gemma3_text"]["rope_theta"] == 1e6 and h["gemma3_text"]["rope_local_theta"] == 1e4
     assert h["qwen3_5_text"]["rot_dim"] == 8 and h["qwen3_5_text"]["head_dim"] == 32
     assert h["llama_yarn"]["rope_attn_factor"] == pytest.approx(0.1 * math.log(4) + 1)
     assert h["llama_yarn_mscale"]["rope_attn_factor"] == pytest.approx(
-        (0.1 * 1.0 * math.log(4) + 1) / (0.1 * 0.5 * math.log(4) + 1))
+        (0.1 * 1.0 * math.log(4) + 1) / (0.1 * 0.5 * math.log(4) + 1)
+    )
     assert h["llama_yarn_factor"]["rope_attn_factor"] == 1.25
     assert h["gemma2"]["embed_scale"] == pytest.approx(8.0) and h["gemma2"]["final_softcap"] == 30
 
@@ -212,16 +233,24 @@ def expected_arrays(model, h: dict) -> dict[str, np.ndarray]:
         out[o + "attn_norm"] = norm(sd[p + "input_layernorm.weight"])
         if p + "linear_attn.A_log" in sd:
             la = p + "linear_attn."
-            out.update({o + "lqkv": sd[la + "in_proj_qkv.weight"], o + "lz": sd[la + "in_proj_z.weight"],
-                        o + "lb": sd[la + "in_proj_b.weight"], o + "la": sd[la + "in_proj_a.weight"],
-                        o + "lconv": sd[la + "conv1d.weight"][:, 0, :], o + "dt_bias": sd[la + "dt_bias"],
-                        o + "A_log": sd[la + "A_log"], o + "lnorm": sd[la + "norm.weight"],   # plain w
-                        o + "lout": sd[la + "out_proj.weight"]})
+            out.update(
+                {
+                    o + "lqkv": sd[la + "in_proj_qkv.weight"],
+                    o + "lz": sd[la + "in_proj_z.weight"],
+                    o + "lb": sd[la + "in_proj_b.weight"],
+                    o + "la": sd[la + "in_proj_a.weight"],
+                    o + "lconv": sd[la + "conv1d.weight"][:, 0, :],
+                    o + "dt_bias": sd[la + "dt_bias"],
+                    o + "A_log": sd[la + "A_log"],
+                    o + "lnorm": sd[la + "norm.weight"],  # plain w
+                    o + "lout": sd[la + "out_proj.weight"],
+                }
+            )
         else:
             a = p + "self_attn."
             wq = sd[a + "q_proj.weight"]
-            if h["attn_gate"]:     # per head: head_dim query rows, then head_dim gate rows
-                heads = [wq[j: j + 2 * hd] for j in range(0, len(wq), 2 * hd)]
+            if h["attn_gate"]:  # per head: head_dim query rows, then head_dim gate rows
+                heads = [wq[j : j + 2 * hd] for j in range(0, len(wq), 2 * hd)]
                 out[o + "wg"] = np.concatenate([x[hd:] for x in heads])
                 wq = np.concatenate([x[:hd] for x in heads])
             out[o + "wq"] = rope(wq)
@@ -263,7 +292,7 @@ def test_weights(name, hf, converted):
     want = expected_arrays(model, m.header)
     assert set(want) == set(mlb.expected_arrays(m.header, m.flags))
     for k, w in want.items():
-        if k in m.arrays:                                   # F32: bit-exact
+        if k in m.arrays:  # F32: bit-exact
             np.testing.assert_array_equal(m.weights(k), w, err_msg=k)
         else:
             assert_q8_close(m, k, w)
@@ -283,7 +312,7 @@ def test_logits_match_transformers(name, tmp_path):
     model = hf_models.round_to_q8_0(hf_models.make(name, seed=1))
     hf_models.save(model, tmp_path / "hf")
     conv.convert(tmp_path / "hf", tmp_path / "m.mlb")
-    tokens = np.random.default_rng(7).integers(0, 256, 40)   # longer than every window (8)
+    tokens = np.random.default_rng(7).integers(0, 256, 40)  # longer than every window (8)
     with torch.no_grad():
         ref = model(torch.from_numpy(tokens)[None]).logits[0].numpy()
     got = forward.Forward(mlb.read(tmp_path / "m.mlb"), float_mode=True).forward(tokens, 0)
@@ -303,7 +332,7 @@ def test_q4_with_q8_mask_and_note(hf, tmp_path, capsys):
     fmts = {a.matrix: a.fmt for a in m.table if a.part == "q"}
     assert fmts["layers.3.wq"] == fmts["layers.3.wk"] == fmts["layers.3.wg"] == "Q8_0"
     assert fmts["layers.0.lqkv"] == fmts["layers.0.w2"] == "Q8_0"
-    assert fmts["layers.0.lb"] == "Q8_0"                     # always
+    assert fmts["layers.0.lb"] == "Q8_0"  # always
     assert fmts["layers.0.w1"] == fmts["layers.3.wo"] == fmts["tok_emb"] == "Q4_0"
 
 
@@ -338,8 +367,12 @@ def test_imatrix(hf, tmp_path):
     np.testing.assert_array_equal(gd, d)
     # Gemma 3 defaults to the round rule, which takes no imatrix
     out2 = tmp_path / "g.mlb"
-    assert conv.main([str(hf["gemma3_text"][0]), str(out2), "--wtype", "q4_0", "--imatrix",
-                      str(tmp_path / "im.mli")]) == 4
+    assert (
+        conv.main(
+            [str(hf["gemma3_text"][0]), str(out2), "--wtype", "q4_0", "--imatrix", str(tmp_path / "im.mli")]
+        )
+        == 4
+    )
     assert not out2.exists()
 
 
@@ -367,7 +400,7 @@ def test_streams_one_tensor_at_a_time(hf, tmp_path, monkeypatch):
     m = mlb.read(out)
     assert h == m.header
     names = list(mlb.expected_arrays(m.header, m.flags))
-    assert len(loads) == len(names)            # q_proj twice (wq, wg), everything else once
+    assert len(loads) == len(names)  # q_proj twice (wq, wg), everything else once
     assert loads.count("model.layers.3.self_attn.q_proj.weight") == 2
     assert loads[0] == "model.embed_tokens.weight" and loads[-1] == "lm_head.weight"
 
@@ -376,12 +409,27 @@ def test_transformers_v4_config(hf, tmp_path, converted):
     """Old config.json layouts (rope_theta / rope_scaling / rope_local_base_freq /
     sliding_window_pattern, no layer_types) give the same file."""
     cases = {
-        "llama_yarn": lambda c: {**c, "rope_theta": 10000.0, "rope_parameters": None,
-                                 "rope_scaling": {"type": "yarn", "factor": 4.0, "beta_fast": 32,
-                                                  "beta_slow": 1, "original_max_position_embeddings": 32}},
-        "gemma3_text": lambda c: {**c, "rope_parameters": None, "layer_types": None, "rope_theta": 1e6,
-                                  "rope_local_base_freq": 10000.0, "sliding_window_pattern": 3,
-                                  "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+        "llama_yarn": lambda c: {
+            **c,
+            "rope_theta": 10000.0,
+            "rope_parameters": None,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "original_max_position_embeddings": 32,
+            },
+        },
+        "gemma3_text": lambda c: {
+            **c,
+            "rope_parameters": None,
+            "layer_types": None,
+            "rope_theta": 1e6,
+            "rope_local_base_freq": 10000.0,
+            "sliding_window_pattern": 3,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        },
         "smollm3": lambda c: {**c, "layer_types": None, "no_rope_layers": None},
         "qwen3_5_text": lambda c: {**c, "layer_types": None, "rope_parameters": None, "rope_theta": 1e6},
     }
@@ -394,6 +442,7 @@ def test_transformers_v4_config(hf, tmp_path, converted):
 def test_config_defaults_match_transformers():
     """The converter's table of class defaults (for keys a config.json omits) is transformers'."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     for mt, arch in conv.ARCHS.items():
         cls = CONFIG_MAPPING[mt]
         theta = cls.default_theta
@@ -439,44 +488,88 @@ def _nan(name):
         x = t[name].copy()
         x.flat[5] = np.nan
         return {**t, name: x}
+
     return f
 
 
 REFUSALS = {
     "unknown_model_type": ("llama", _cfg(model_type="falcon"), None, "model_type 'falcon'"),
-    "rope_dynamic": ("llama", _cfg(rope_parameters={"rope_type": "dynamic", "factor": 2.0,
-                                                    "rope_theta": 1e4}), None, "dynamic"),
+    "rope_dynamic": (
+        "llama",
+        _cfg(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
+        None,
+        "dynamic",
+    ),
     "rope_longrope": ("llama", _cfg(rope_scaling={"type": "longrope", "factor": 2.0}), None, "longrope"),
-    "yarn_no_truncate": ("llama_yarn", lambda c: {**c, "rope_parameters": {**c["rope_parameters"],
-                                                                           "truncate": False}},
-                         None, "truncate"),
+    "yarn_no_truncate": (
+        "llama_yarn",
+        lambda c: {**c, "rope_parameters": {**c["rope_parameters"], "truncate": False}},
+        None,
+        "truncate",
+    ),
     "act_gelu": ("llama", _cfg(hidden_act="gelu"), None, "hidden_act"),
     "act_qwen35": ("qwen3_5_text", _cfg(hidden_act="gelu_pytorch_tanh"), None, "hidden_act"),
     "attention_bias": ("llama", _cfg(attention_bias=True), None, "attention_bias"),
     "mlp_bias": ("smollm3", _cfg(mlp_bias=True), None, "mlp_bias"),
     "moe": ("qwen3", _cfg(num_experts=8), None, "num_experts"),
-    "bidirectional": ("gemma3_text", _cfg(use_bidirectional_attention=True), None,
-                      "use_bidirectional_attention"),
-    "partial_rotary_llama": ("llama", lambda c: {**c, "rope_parameters": {**c["rope_parameters"],
-                                                                          "partial_rotary_factor": 0.5}},
-                             None, "partial_rotary_factor"),
-    "local_rope_scaled": ("gemma3_text", lambda c: {**c, "rope_parameters": {
-        **c["rope_parameters"], "sliding_attention": {"rope_type": "linear", "factor": 2.0,
-                                                      "rope_theta": 1e4}}}, None, "sliding_attention"),
-    "bad_layer_type": ("gemma2", _cfg(layer_types=["sliding_attention", "chunked_attention",
-                                                   "full_attention", "full_attention"]), None, "layer_types"),
+    "bidirectional": (
+        "gemma3_text",
+        _cfg(use_bidirectional_attention=True),
+        None,
+        "use_bidirectional_attention",
+    ),
+    "partial_rotary_llama": (
+        "llama",
+        lambda c: {**c, "rope_parameters": {**c["rope_parameters"], "partial_rotary_factor": 0.5}},
+        None,
+        "partial_rotary_factor",
+    ),
+    "local_rope_scaled": (
+        "gemma3_text",
+        lambda c: {
+            **c,
+            "rope_parameters": {
+                **c["rope_parameters"],
+                "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+            },
+        },
+        None,
+        "sliding_attention",
+    ),
+    "bad_layer_type": (
+        "gemma2",
+        _cfg(layer_types=["sliding_attention", "chunked_attention", "full_attention", "full_attention"]),
+        None,
+        "layer_types",
+    ),
     "dim_not_32": ("llama", _cfg(hidden_size=48), None, "dim"),
     "missing_key": ("llama", _cfg(num_hidden_layers=None), None, "num_hidden_layers"),
-    "missing_tensor": ("llama", None, _drop("model.layers.1.mlp.up_proj.weight"),
-                       "model.layers.1.mlp.up_proj.weight"),
+    "missing_tensor": (
+        "llama",
+        None,
+        _drop("model.layers.1.mlp.up_proj.weight"),
+        "model.layers.1.mlp.up_proj.weight",
+    ),
     "missing_lm_head": ("llama", None, _drop("lm_head.weight"), "lm_head.weight"),
-    "wrong_shape": ("qwen3", None, _set("model.layers.0.self_attn.k_proj.weight",
-                                        np.zeros((32, 64), F32)), "model.layers.0.self_attn.k_proj.weight"),
-    "unexpected_tensor": ("llama", None, _set("model.layers.0.self_attn.o_proj.bias", np.zeros(64, F32)),
-                          "model.layers.0.self_attn.o_proj.bias"),
+    "wrong_shape": (
+        "qwen3",
+        None,
+        _set("model.layers.0.self_attn.k_proj.weight", np.zeros((32, 64), F32)),
+        "model.layers.0.self_attn.k_proj.weight",
+    ),
+    "unexpected_tensor": (
+        "llama",
+        None,
+        _set("model.layers.0.self_attn.o_proj.bias", np.zeros(64, F32)),
+        "model.layers.0.self_attn.o_proj.bias",
+    ),
     "tie_shape": ("qwen2", None, _set("lm_head.weight", np.zeros((256, 32), F32)), "lm_head.weight"),
-    "non_finite": ("gemma2", None, _nan("model.layers.2.mlp.down_proj.weight"),
-                   "model.layers.2.mlp.down_proj.weight"),
+    "non_finite": (
+        "gemma2",
+        None,
+        _nan("model.layers.2.mlp.down_proj.weight"),
+        "model.layers.2.mlp.down_proj.weight",
+    ),
     "int_dtype": ("llama", None, _set("model.norm.weight", np.zeros(64, np.int32)), "model.norm.weight"),
 }
 
@@ -491,14 +584,17 @@ def test_refused(case, hf, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("mlconf: error: ") and needle in err, err
     assert "Traceback" not in err
-    assert list(out.parent.iterdir()) == []                   # no .mlb, no temporary file
+    assert list(out.parent.iterdir()) == []  # no .mlb, no temporary file
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--q8-mask", "wq"], "q4_0 only"),
-    (["--wtype", "q4_0", "--q8-mask", "wx"], "unknown class 'wx'"),
-    (["--q4-rule", "round"], "q4_0 only"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--q8-mask", "wq"], "q4_0 only"),
+        (["--wtype", "q4_0", "--q8-mask", "wx"], "unknown class 'wx'"),
+        (["--q4-rule", "round"], "q4_0 only"),
+    ],
+)
 def test_refused_options(argv, needle, hf, tmp_path, capsys):
     out = tmp_path / "m.mlb"
     assert conv.main([str(hf["llama"][0]), str(out), *argv]) == 4
@@ -510,12 +606,16 @@ def test_cli_script(hf, tmp_path):
     """`python tools/convert.py` runs as a script; errors are one line on stderr, exit 1."""
     script = REPO / "tools" / "convert.py"
     out = tmp_path / "m.mlb"
-    r = subprocess.run([sys.executable, str(script), str(hf["qwen2"][0]), str(out)],
-                       capture_output=True, encoding="utf-8")
+    r = subprocess.run(
+        [sys.executable, str(script), str(hf["qwen2"][0]), str(out)], capture_output=True, encoding="utf-8"
+    )
     assert r.returncode == 0, r.stderr
     assert loader.load(out).ok
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "nowhere"), str(tmp_path / "x.mlb")],
-                       capture_output=True, encoding="utf-8")
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "nowhere"), str(tmp_path / "x.mlb")],
+        capture_output=True,
+        encoding="utf-8",
+    )
     assert r.returncode == 4 and r.stderr.startswith("mlconf: error: ") and "Traceback" not in r.stderr
 
 

@@ -28,27 +28,49 @@ from mlconf.tools import convert_bitnet as cb  # noqa: E402
 from mlconf.tools.convert import ConvertError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-FLAVORS = {"qwen3": ("qwen3", "lasttoken", gguf.PoolingType.LAST),
-           "gemma3_text": ("gemma3", "mean", gguf.PoolingType.MEAN)}
+FLAVORS = {
+    "qwen3": ("qwen3", "lasttoken", gguf.PoolingType.LAST),
+    "gemma3_text": ("gemma3", "mean", gguf.PoolingType.MEAN),
+}
 OUTTYPES = ("f32", "f16", "i2_s")
 # Seed 004 section 2, restated: HF name after "layers.{i}." -> GGUF name after "blk.{i}.".
 SEED_COMMON = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm", "self_attn.q_proj.norm": "attn_q_norm_in",
-    "self_attn.k_proj.norm": "attn_k_norm_in", "self_attn.v_proj.norm": "attn_v_norm_in",
-    "self_attn.o_proj.norm": "attn_output_norm_in", "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate_proj.norm": "ffn_gate_norm_in",
-    "mlp.up_proj.norm": "ffn_up_norm_in", "mlp.down_proj.norm": "ffn_down_norm_in",
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "self_attn.q_proj.norm": "attn_q_norm_in",
+    "self_attn.k_proj.norm": "attn_k_norm_in",
+    "self_attn.v_proj.norm": "attn_v_norm_in",
+    "self_attn.o_proj.norm": "attn_output_norm_in",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate_proj.norm": "ffn_gate_norm_in",
+    "mlp.up_proj.norm": "ffn_up_norm_in",
+    "mlp.down_proj.norm": "ffn_down_norm_in",
 }
 SEED_ARCH = {
     "qwen3": {"post_attention_layernorm": "ffn_norm"},
-    "gemma3_text": {"post_attention_layernorm": "post_attention_norm",
-                    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"},
+    "gemma3_text": {
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    },
 }
 # Gemma3RMSNorm scales by (1 + w): these GGUF norms hold 1 + w (documented in the converter).
-GEMMA_FOLDED = {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "attn_q_norm",
-                "attn_k_norm", "output_norm"}
+GEMMA_FOLDED = {
+    "attn_norm",
+    "post_attention_norm",
+    "ffn_norm",
+    "post_ffw_norm",
+    "attn_q_norm",
+    "attn_k_norm",
+    "output_norm",
+}
 F32, F16, I2_S = 0, 1, 36
 
 
@@ -62,14 +84,17 @@ def seed_names(flavor: str, n_layers: int) -> dict[str, str]:
 
 
 def hidden(outtype: str) -> int:
-    return 128 if outtype == "i2_s" else 64   # I2_S rows are whole 128-value blocks
+    return 128 if outtype == "i2_s" else 64  # I2_S rows are whole 128-value blocks
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> dict[tuple[str, int], Path]:
     root = tmp_path_factory.mktemp("bitnet")
-    return {(f, h): bitnet_models.build(f, root / f"{f}_{h}", seed=3, pooling=FLAVORS[f][1], hidden_size=h)
-            for f in FLAVORS for h in (64, 128)}
+    return {
+        (f, h): bitnet_models.build(f, root / f"{f}_{h}", seed=3, pooling=FLAVORS[f][1], hidden_size=h)
+        for f in FLAVORS
+        for h in (64, 128)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +134,12 @@ def test_tensors(converted, flavor: str, outtype: str) -> None:
     sd = safetensors_numpy.load_file(str(ck / "model.safetensors"))
     r = read(path)
     names = seed_names(flavor, 2)
-    assert {t.name for t in r.tensors} == set(names)       # lm_head would be output.weight: absent
+    assert {t.name for t in r.tensors} == set(names)  # lm_head would be output.weight: absent
     raw = np.memmap(path, np.uint8, mode="r")
     for t in r.tensors:
         w = sd[names[t.name]]
         assert int(t.tensor_type) == expected_type(t.name, w.ndim, outtype), t.name
-        assert tuple(int(d) for d in t.shape) == tuple(reversed(w.shape)), t.name   # ggml order
+        assert tuple(int(d) for d in t.shape) == tuple(reversed(w.shape)), t.name  # ggml order
         base = t.name.split(".")[-2]
         want = np.float32(1) + w if flavor == "gemma3_text" and base in GEMMA_FOLDED else w
         if int(t.tensor_type) == F32:
@@ -124,8 +149,8 @@ def test_tensors(converted, flavor: str, outtype: str) -> None:
             assert got.dtype == np.float16
             np.testing.assert_array_equal(got, want.astype(np.float16), err_msg=t.name)
         else:
-            n = w.size // 4 + 32                                # codes + f32 scale + tail
-            data = bytes(raw[t.data_offset:t.data_offset + n])
+            n = w.size // 4 + 32  # codes + f32 scale + tail
+            data = bytes(raw[t.data_offset : t.data_offset + n])
             assert data == i2s.payload(w), t.name
 
 
@@ -148,9 +173,17 @@ def test_hyperparameters(converted, flavor: str, outtype: str) -> None:
     cfg = json.loads((ck / "config.json").read_text(encoding="utf-8"))
     r = read(path)
     assert val(r, "general.architecture") == arch
-    want = {"context_length": 128, "embedding_length": hidden(outtype), "block_count": 2,
-            "feed_forward_length": 128, "attention.head_count": 4, "attention.head_count_kv": 2,
-            "attention.key_length": 32, "attention.value_length": 32, "pooling_type": int(pooling)}
+    want = {
+        "context_length": 128,
+        "embedding_length": hidden(outtype),
+        "block_count": 2,
+        "feed_forward_length": 128,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+        "attention.key_length": 32,
+        "attention.value_length": 32,
+        "pooling_type": int(pooling),
+    }
     for k, v in want.items():
         assert val(r, f"{arch}.{k}") == v, k
     assert val(r, f"{arch}.attention.layer_norm_rms_epsilon") == pytest.approx(1e-6, rel=1e-6)
@@ -164,7 +197,8 @@ def test_hyperparameters(converted, flavor: str, outtype: str) -> None:
         assert val(r, "gemma3.attention.sliding_window") == cfg["sliding_window"]
         assert val(r, "gemma3.attention.query_pre_attn_scalar") == cfg["query_pre_attn_scalar"]
         assert val(r, "gemma3.attention.sliding_window_pattern") == [
-            k == "sliding_attention" for k in cfg["layer_types"]]
+            k == "sliding_attention" for k in cfg["layer_types"]
+        ]
     if outtype != "i2_s":
         assert val(r, "general.file_type") == {"f32": 0, "f16": 1}[outtype]
     assert summary["arch"] == arch and summary["head_dim"] == 32
@@ -180,25 +214,25 @@ def test_tokenizer(converted, flavor: str) -> None:
     tokens = val(r, "tokenizer.ggml.tokens")
     assert len(tokens) == json.loads((ck / "config.json").read_text(encoding="utf-8"))["vocab_size"]
     assert all(tokens[i] == t for i, t in by_id.items())
-    assert tokens[max(by_id) + 1] == f"[PAD{max(by_id) + 1}]"   # padded to the model's vocab
+    assert tokens[max(by_id) + 1] == f"[PAD{max(by_id) + 1}]"  # padded to the model's vocab
     types = val(r, "tokenizer.ggml.token_type")
     assert types[0] == gguf.TokenType.CONTROL and types[max(by_id)] == gguf.TokenType.NORMAL
     if flavor == "qwen3":
         assert val(r, "tokenizer.ggml.model") == "gpt2"
         assert len(val(r, "tokenizer.ggml.merges")) == len(tj["model"]["merges"])
-    else:   # Gemma 3: a llama (SPM) vocabulary with scores from the merge ranks, no merges
+    else:  # Gemma 3: a llama (SPM) vocabulary with scores from the merge ranks, no merges
         assert val(r, "tokenizer.ggml.model") == "llama" and "tokenizer.ggml.merges" not in r.fields
         scores = val(r, "tokenizer.ggml.scores")
         first = "".join(tj["model"]["merges"][0])
         assert scores[tokens.index(first)] == 0.0 and types[tokens.index("<0x41>")] == gguf.TokenType.BYTE
         assert scores[tokens.index("".join(tj["model"]["merges"][5]))] <= -5.0
-        assert types[tokens.index("<unk>")] == gguf.TokenType.CONTROL   # an added special token first
+        assert types[tokens.index("<unk>")] == gguf.TokenType.CONTROL  # an added special token first
         assert val(r, "tokenizer.ggml.add_space_prefix") is False
-    if flavor == "qwen3":   # the seed: EOS <|endoftext|> and add_eos for last-token pooling
+    if flavor == "qwen3":  # the seed: EOS <|endoftext|> and add_eos for last-token pooling
         assert val(r, "tokenizer.ggml.eos_token_id") == by_id_inv(by_id, "<|endoftext|>")
         assert val(r, "tokenizer.ggml.add_eos_token") is True
         assert val(r, "tokenizer.ggml.pre") == "qwen2"
-    else:                   # from tokenizer_config.json
+    else:  # from tokenizer_config.json
         assert val(r, "tokenizer.ggml.eos_token_id") == by_id_inv(by_id, "<eos>")
         assert val(r, "tokenizer.ggml.bos_token_id") == by_id_inv(by_id, "<bos>")
         assert "tokenizer.ggml.add_eos_token" not in r.fields or not val(r, "tokenizer.ggml.add_eos_token")
@@ -208,8 +242,15 @@ def by_id_inv(by_id: dict[int, str], text: str) -> int:
     return next(i for i, t in by_id.items() if t == text)
 
 
-@pytest.mark.parametrize("mode,want", [("cls", gguf.PoolingType.CLS), ("mean", gguf.PoolingType.MEAN),
-                                       ("lasttoken", gguf.PoolingType.LAST), (None, gguf.PoolingType.MEAN)])
+@pytest.mark.parametrize(
+    "mode,want",
+    [
+        ("cls", gguf.PoolingType.CLS),
+        ("mean", gguf.PoolingType.MEAN),
+        ("lasttoken", gguf.PoolingType.LAST),
+        (None, gguf.PoolingType.MEAN),
+    ],
+)
 def test_pooling(tmp_path, mode: str | None, want) -> None:
     """sentence-transformers' pooling; without modules.json mean, as BitNet's converter."""
     ck = bitnet_models.build("qwen3", tmp_path / "m", pooling=mode)
@@ -230,9 +271,18 @@ def test_i2s_registration_is_idempotent() -> None:
 
 def test_cli(ckpts, tmp_path) -> None:
     out = tmp_path / "cli.gguf"
-    p = subprocess.run([sys.executable, str(REPO / "tools" / "convert_bitnet.py"),
-                        str(ckpts[("gemma3_text", 128)]), str(out), "--outtype", "i2_s"],
-                       capture_output=True, encoding="utf-8")
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "convert_bitnet.py"),
+            str(ckpts[("gemma3_text", 128)]),
+            str(out),
+            "--outtype",
+            "i2_s",
+        ],
+        capture_output=True,
+        encoding="utf-8",
+    )
     assert p.returncode == 0, p.stderr
     assert "gemma3" in p.stdout and out.exists()
 
@@ -245,7 +295,7 @@ def _refused(ck: Path, tmp_path: Path, outtype: str, *needles: str) -> None:
     for n in needles:
         assert n in str(e.value)
     assert cb.main([str(ck), str(out), "--outtype", outtype]) == 4
-    assert list(tmp_path.glob("bad.gguf*")) == []           # nothing half-written
+    assert list(tmp_path.glob("bad.gguf*")) == []  # nothing half-written
 
 
 def test_refuses_other_model_type(tmp_path) -> None:
@@ -257,10 +307,18 @@ def test_refuses_other_model_type(tmp_path) -> None:
 
 
 def test_refuses_missing_tensors(tmp_path) -> None:
-    ck = bitnet_models.build("gemma3_text", tmp_path / "m", drop=(
-        "layers.1.self_attn.o_proj.norm.weight", "layers.0.post_feedforward_layernorm.weight"))
-    _refused(ck, tmp_path, "f32", "layers.1.self_attn.o_proj.norm.weight",
-             "layers.0.post_feedforward_layernorm.weight")
+    ck = bitnet_models.build(
+        "gemma3_text",
+        tmp_path / "m",
+        drop=("layers.1.self_attn.o_proj.norm.weight", "layers.0.post_feedforward_layernorm.weight"),
+    )
+    _refused(
+        ck,
+        tmp_path,
+        "f32",
+        "layers.1.self_attn.o_proj.norm.weight",
+        "layers.0.post_feedforward_layernorm.weight",
+    )
 
 
 def test_refuses_shape(tmp_path) -> None:

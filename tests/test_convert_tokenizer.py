@@ -26,30 +26,71 @@ from mlconf.tools import mlt
 REPO = Path(__file__).resolve().parents[1]
 REGEX = specs.load("mlt")["regexes"]
 SP = "\u2581"
-SAMPLE = ["hello", " hello  world", "hello<s>hello</s>", "Hi 123 4567!", "cafe\u0301 caf\u00e9",
-          "\u0e44\u0e17\u0e22", "<|endoftext|>hello<|endoftext|>", "it's HELLO'S", "\n\n \t", ""]
+SAMPLE = [
+    "hello",
+    " hello  world",
+    "hello<s>hello</s>",
+    "Hi 123 4567!",
+    "cafe\u0301 caf\u00e9",
+    "\u0e44\u0e17\u0e22",
+    "<|endoftext|>hello<|endoftext|>",
+    "it's HELLO'S",
+    "\n\n \t",
+    "",
+]
 
 
 # ---------------------------------------------------------------- base files
 def _added(i: int, content: str, **kw) -> dict:
-    return {"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": True, **kw}
+    return {
+        "id": i,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+        **kw,
+    }
 
 
 def _model(vocab: dict[str, int], merges: list[list[str]], **kw) -> dict:
-    return {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-            "vocab": vocab, "merges": merges, **kw}
+    return {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": False,
+        "vocab": vocab,
+        "merges": merges,
+        **kw,
+    }
 
 
 def _doc(model: dict, added: list[dict], normalizer=None, pre=None, post=None) -> dict:
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": normalizer, "pre_tokenizer": pre, "post_processor": post, "decoder": None,
-            "model": model}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": normalizer,
+        "pre_tokenizer": pre,
+        "post_processor": post,
+        "decoder": None,
+        "model": model,
+    }
 
 
-PREPEND = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SP},
-                                              {"type": "Replace", "pattern": {"String": " "}, "content": SP}]}
+PREPEND = {
+    "type": "Sequence",
+    "normalizers": [
+        {"type": "Prepend", "prepend": SP},
+        {"type": "Replace", "pattern": {"String": " "}, "content": SP},
+    ],
+}
 BL_REGEX = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
 BL_PLAIN = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
 
@@ -63,10 +104,16 @@ def metaspace(scheme: str = "first", split_: bool = False) -> dict:
 
 
 def template(*single: str, ids: dict[str, int]) -> dict:
-    parts = [{"Sequence": {"id": "A", "type_id": 0}} if s == "$A" else
-             {"SpecialToken": {"id": s, "type_id": 0}} for s in single]
-    return {"type": "TemplateProcessing", "single": parts, "pair": parts,
-            "special_tokens": {k: {"id": k, "ids": [v], "tokens": [k]} for k, v in ids.items()}}
+    parts = [
+        {"Sequence": {"id": "A", "type_id": 0}} if s == "$A" else {"SpecialToken": {"id": s, "type_id": 0}}
+        for s in single
+    ]
+    return {
+        "type": "TemplateProcessing",
+        "single": parts,
+        "pair": parts,
+        "special_tokens": {k: {"id": k, "ids": [v], "tokens": [k]} for k, v in ids.items()},
+    }
 
 
 def seq(kind: str, *items: dict) -> dict:
@@ -87,8 +134,15 @@ def sp_base() -> dict:
 
 
 G = ct.BYTE_TO_CHAR
-BL_MERGES = [[G[32], "h"], ["e", "l"], [G[32] + "h", "el"], [G[32] + "hel", "l"], [G[32] + "hell", "o"],
-             ["1", "2"], ["12", "3"]]
+BL_MERGES = [
+    [G[32], "h"],
+    ["e", "l"],
+    [G[32] + "h", "el"],
+    [G[32] + "hel", "l"],
+    [G[32] + "hell", "o"],
+    ["1", "2"],
+    ["12", "3"],
+]
 
 
 def bl_base() -> dict:
@@ -111,6 +165,7 @@ def run(doc: dict, tmp: Path, config: dict | None = None) -> tuple[int, str, Pat
     out.parent.mkdir(exist_ok=True)
     import contextlib
     import io
+
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = ct.main([str(src), str(out)])
@@ -136,6 +191,7 @@ def _set(path: str, value) -> Callable[[dict], None]:
         for k in head:
             node = node[int(k)] if isinstance(node, list) else node[k]
         node[int(last) if isinstance(node, list) else last] = copy.deepcopy(value)
+
     return f
 
 
@@ -143,6 +199,7 @@ def _all(*fs: Callable[[dict], None]) -> Callable[[dict], None]:
     def f(d: dict) -> None:
         for g in fs:
             g(d)
+
     return f
 
 
@@ -151,7 +208,8 @@ def _drop_byte(b: int, base: str) -> Callable[[dict], None]:
         piece = f"<0x{b:02X}>" if base == "sp" else G[b]
         v = d["model"]["vocab"]
         i = v.pop(piece)
-        v[f"spare{i}"] = i   # keep ids contiguous: only the byte is missing
+        v[f"spare{i}"] = i  # keep ids contiguous: only the byte is missing
+
     return f
 
 
@@ -201,8 +259,12 @@ FLAG_CASES: dict[str, tuple[str, Callable[[dict], None], int, int]] = {
     "bl_ignore_merges": ("bl", _set("model.ignore_merges", True), 2, 32 | 2),
     "bl_bytelevel_post": ("bl", post(BL_POST), 2, 32),
     "bl_llama3_bos": ("bl", _all(LLAMA3, post(seq("post", BL_POST, BOS_BL))), 2, 1),
-    "bl_normalized_added_no_normalizer": ("bl", add(_added(264, "<|user|>", normalized=True, special=False)),
-                                          2, 32),
+    "bl_normalized_added_no_normalizer": (
+        "bl",
+        add(_added(264, "<|user|>", normalized=True, special=False)),
+        2,
+        32,
+    ),
     # a byte without a token: HF drops the character when there is no unk_token, as the format does
     "bl_missing_byte_no_unk": ("bl", _drop_byte(0x0A, "bl"), 2, 32),
     "sp_missing_byte_no_unk": ("sp", _all(_drop_byte(0xB8, "sp"), NO_UNK), 1, 0),
@@ -240,9 +302,11 @@ def _cfg(d: dict, cfg: dict) -> None:
 
 def vocab(**pieces: int) -> Callable[[dict], None]:
     """Add vocab pieces (and drop the added tokens, whose ids they may take)."""
+
     def f(d: dict) -> None:
         d["model"]["vocab"].update(pieces)
         d["added_tokens"].clear()
+
     return f
 
 
@@ -255,17 +319,33 @@ def cfg(**kw) -> Callable[[dict], None]:
 
 
 UNIGRAM = {"type": "Unigram", "unk_id": None, "vocab": [["a", 0.0]], "byte_fallback": False}
-WORDPIECE = {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-             "max_input_chars_per_word": 100, "vocab": {"a": 0}}
+WORDPIECE = {
+    "type": "WordPiece",
+    "unk_token": "[UNK]",
+    "continuing_subword_prefix": "##",
+    "max_input_chars_per_word": 100,
+    "vocab": {"a": 0},
+}
 WORDLEVEL = {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}
 SPLIT_STRING = {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated", "invert": False}
 STRIP = {"type": "Strip", "strip_left": True, "strip_right": True}
-ROBERTA = {"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 1], "trim_offsets": True,
-           "add_prefix_space": False}
+ROBERTA = {
+    "type": "RobertaProcessing",
+    "sep": ["</s>", 2],
+    "cls": ["<s>", 1],
+    "trim_offsets": True,
+    "add_prefix_space": False,
+}
 BERT = {"type": "BertProcessing", "sep": ["a", 2], "cls": ["b", 1]}
 TRUNCATION = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
-PADDING = {"strategy": {"Fixed": 8}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
-           "pad_type_id": 0, "pad_token": "!"}
+PADDING = {
+    "strategy": {"Fixed": 8},
+    "direction": "Right",
+    "pad_to_multiple_of": None,
+    "pad_id": 0,
+    "pad_type_id": 0,
+    "pad_token": "!",
+}
 OLD_METASPACE = {"type": "Metaspace", "replacement": SP, "add_prefix_space": True, "split": False}
 TWO_IDS = dict(BOS_SP, special_tokens={"<s>": {"id": "<s>", "ids": [1, 2], "tokens": ["<s>", "</s>"]}})
 L3 = split(REGEX["llama3"])
@@ -312,10 +392,16 @@ REFUSALS: dict[str, tuple[str, Callable[[dict], None], str]] = {
     "added_rstrip": ("bl", _set("added_tokens.0.rstrip", True), "rstrip"),
     "added_single_word": ("bl", _set("added_tokens.0.single_word", True), "single_word"),
     "added_normalized_with_prepend": ("sp", _set("added_tokens.1.normalized", True), "normalized=true"),
-    "added_normalized_with_nfc": ("bl", _all(norm({"type": "NFC"}), _set("added_tokens.0.normalized", True)),
-                                  "normalized=true"),
-    "added_normalized_overlap": ("bl", add(_added(264, "x<|endoftext", normalized=True, special=False)),
-                                 "overlap"),
+    "added_normalized_with_nfc": (
+        "bl",
+        _all(norm({"type": "NFC"}), _set("added_tokens.0.normalized", True)),
+        "normalized=true",
+    ),
+    "added_normalized_overlap": (
+        "bl",
+        add(_added(264, "x<|endoftext", normalized=True, special=False)),
+        "overlap",
+    ),
     "added_empty": ("bl", _set("added_tokens.0.content", ""), "non-empty content"),
     "added_id_twice": ("bl", add(_added(263, "<|x|>")), "listed twice"),
     "added_differs_from_vocab": ("sp", _set("added_tokens.1.content", "<S>"), "differs from vocab piece"),
@@ -378,12 +464,25 @@ def test_unreadable_input(content, tmp_path, capsys):
     assert ct.main([str(tmp_path / "missing.json"), str(tmp_path / "o.mlt")]) == 4
 
 
-@pytest.mark.parametrize("mutate", [
-    _set("added_tokens", [3]), _set("model.merges", [[1, 2]]), _set("model.merges", 7),
-    _set("post_processor", template("<s>", "$A", ids={}) | {"single": [{"SpecialToken": {}}]}),
-    _set("pre_tokenizer", {"type": "Sequence", "pretokenizers": [5]}), _set("normalizer", "NFC"),
-], ids=["added_not_objects", "merge_ints", "merges_int", "template_no_id", "pre_not_object",
-        "normalizer_str"])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        _set("added_tokens", [3]),
+        _set("model.merges", [[1, 2]]),
+        _set("model.merges", 7),
+        _set("post_processor", template("<s>", "$A", ids={}) | {"single": [{"SpecialToken": {}}]}),
+        _set("pre_tokenizer", {"type": "Sequence", "pretokenizers": [5]}),
+        _set("normalizer", "NFC"),
+    ],
+    ids=[
+        "added_not_objects",
+        "merge_ints",
+        "merges_int",
+        "template_no_id",
+        "pre_not_object",
+        "normalizer_str",
+    ],
+)
 def test_malformed_fields_give_one_line(mutate, tmp_path):
     doc = sp_base()
     mutate(doc)
@@ -414,8 +513,11 @@ def test_duplicate_merge_takes_its_later_rank(tmp_path):
     doc["model"]["merges"] = [["e", "l"], [G[32], "h"], [G[32] + "h", "el"], ["e", "l"]]
     tok = ct.build(_write(doc, tmp_path / "t.json"))
     v = doc["model"]["vocab"]
-    assert tok.merges == [(v[G[32]], v["h"], v[G[32] + "h"]), (v[G[32] + "h"], v["el"], v[G[32] + "hel"]),
-                          (v["e"], v["l"], v["el"])]
+    assert tok.merges == [
+        (v[G[32]], v["h"], v[G[32] + "h"]),
+        (v[G[32] + "h"], v["el"], v[G[32] + "hel"]),
+        (v["e"], v["l"], v["el"]),
+    ]
     tokenizers = pytest.importorskip("tokenizers")
     from mlconf.backends.reference.tokenizer import Encoder
 
@@ -427,10 +529,16 @@ def test_duplicate_merge_takes_its_later_rank(tmp_path):
 def test_gpt2_byte_alphabet():
     m = ct.BYTE_TO_CHAR
     assert sorted(m) == list(range(256)) and len(set(m.values())) == 256
-    assert all(m[b] == chr(b) for b in range(0x21, 0x7F))             # printable ASCII is itself
+    assert all(m[b] == chr(b) for b in range(0x21, 0x7F))  # printable ASCII is itself
     # the unprintable bytes take U+0100.. in byte order: 0x00-0x20, 0x7F-0xA0, 0xAD
-    assert [m[b] for b in (0x00, 0x0A, 0x20, 0x7F, 0xA0, 0xAD)] == ["\u0100", "\u010a", "\u0120", "\u0121",
-                                                                    "\u0142", "\u0143"]
+    assert [m[b] for b in (0x00, 0x0A, 0x20, 0x7F, 0xA0, 0xAD)] == [
+        "\u0100",
+        "\u010a",
+        "\u0120",
+        "\u0121",
+        "\u0142",
+        "\u0143",
+    ]
     assert ct.CHAR_TO_BYTE["\u0120"] == 0x20
     tokenizers = pytest.importorskip("tokenizers")
     assert set(m.values()) == set(tokenizers.pre_tokenizers.ByteLevel.alphabet())
@@ -439,7 +547,7 @@ def test_gpt2_byte_alphabet():
 def test_byte_level_pieces_are_raw_bytes(tmp_path):
     doc = bl_base()
     n = len(doc["model"]["vocab"])
-    doc["model"]["vocab"].update({"\u00c3\u00a9": n, "\u0120\u010a": n + 1})   # "é" in UTF-8, " \n"
+    doc["model"]["vocab"].update({"\u00c3\u00a9": n, "\u0120\u010a": n + 1})  # "é" in UTF-8, " \n"
     doc["added_tokens"][0]["id"] = n + 2
     tok = ct.build(_write(doc, tmp_path / "t.json"))
     assert tok.tokens[0x41] == (mlt.ATTR_PLAIN, b"A") and tok.tokens[0x20] == (mlt.ATTR_PLAIN, b" ")
@@ -458,7 +566,7 @@ def test_byte_pieces_without_byte_fallback_are_plain(tmp_path):
 def test_sentencepiece_pieces(tmp_path):
     doc = sp_base()
     n = len(doc["model"]["vocab"])
-    doc["model"]["vocab"].update({"<0x0a>": n, "\u4e2d": n + 1})   # lower-case hex is not a byte token in HF
+    doc["model"]["vocab"].update({"<0x0a>": n, "\u4e2d": n + 1})  # lower-case hex is not a byte token in HF
     tok = ct.build(_write(doc, tmp_path / "t.json"))
     assert tok.tokens[:3] == [(mlt.ATTR_ADDED, b"<unk>"), (mlt.ATTR_ADDED, b"<s>"), (mlt.ATTR_ADDED, b"</s>")]
     assert tok.tokens[3] == (mlt.ATTR_BYTE, b"\x00") and tok.tokens[3 + 0x0A] == (mlt.ATTR_BYTE, b"\n")
@@ -480,8 +588,12 @@ def test_added_tokens_beyond_the_vocab(tmp_path):
 def test_specials_from_config_and_template(tmp_path):
     doc = sp_base()
     doc["post_processor"] = BOS_SP
-    cfg = {"add_bos_token": True, "add_eos_token": False, "bos_token": {"content": "<s>", "lstrip": False},
-           "eos_token": "</s>"}
+    cfg = {
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "bos_token": {"content": "<s>", "lstrip": False},
+        "eos_token": "</s>",
+    }
     code, err, out = run(doc, tmp_path, cfg)
     assert code == 0, err
     tok = mlt.read(out)
@@ -526,26 +638,36 @@ def test_config_option_and_beside(tmp_path, capsys):
 def test_runs_as_a_script(tmp_path):
     src = _write(bl_base(), tmp_path / "t.json")
     script = REPO / "tools" / "convert_tokenizer.py"
-    r = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "t.mlt")], capture_output=True,
-                       text=True, encoding="utf-8")
+    r = subprocess.run(
+        [sys.executable, str(script), str(src), str(tmp_path / "t.mlt")],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+    )
     assert r.returncode == 0, r.stderr
     assert mlt.read(tmp_path / "t.mlt").kind == 2
     doc = bl_base()
     doc["model"]["type"] = "WordPiece"
     src = _write(doc, tmp_path / "w.json")
-    r = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "w.mlt")], capture_output=True,
-                       text=True, encoding="utf-8")
+    r = subprocess.run(
+        [sys.executable, str(script), str(src), str(tmp_path / "w.mlt")],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+    )
     assert r.returncode == 4 and r.stderr.startswith("mlconf: error: ") and "Traceback" not in r.stderr
     assert not (tmp_path / "w.mlt").exists()
 
 
 def test_imports_neither_the_harness_nor_hf():
-    code = ("import sys, mlconf.tools.convert_tokenizer, mlconf.tools.golden_tokenizers\n"
-            "mods = [m for m in sys.modules if m.startswith('mlconf.')]\n"
-            "ok = ('mlconf.tools', 'mlconf.backends', 'mlconf.specs', 'mlconf.golden')\n"
-            "bad = [m for m in mods if not m.startswith(ok)]\n"
-            "assert not bad, bad\n"
-            "assert 'tokenizers' not in sys.modules and 'transformers' not in sys.modules\n")
+    code = (
+        "import sys, mlconf.tools.convert_tokenizer, mlconf.tools.golden_tokenizers\n"
+        "mods = [m for m in sys.modules if m.startswith('mlconf.')]\n"
+        "ok = ('mlconf.tools', 'mlconf.backends', 'mlconf.specs', 'mlconf.golden')\n"
+        "bad = [m for m in mods if not m.startswith(ok)]\n"
+        "assert not bad, bad\n"
+        "assert 'tokenizers' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8")
     assert r.returncode == 0, r.stderr
 

@@ -30,8 +30,8 @@ def test_generated_once_and_reused(cache):
     assert set(hashes) == {p for f in fixtures.catalog() for p in (f.file, f.imatrix) if p}
     stamp = (first / "manifest.json").stat().st_mtime_ns
     assert fixtures.cached() == first
-    assert (first / "manifest.json").stat().st_mtime_ns == stamp      # not written again
-    assert [p.name for p in cache.iterdir()] == [first.name]          # no leftover temporary folder
+    assert (first / "manifest.json").stat().st_mtime_ns == stamp  # not written again
+    assert [p.name for p in cache.iterdir()] == [first.name]  # no leftover temporary folder
 
 
 def test_a_changed_file_is_regenerated(cache):
@@ -52,7 +52,7 @@ def test_workdir_reads_the_cache_and_records_do_not_name_it(cache, tmp_path):
         assert work.fixture_root.parent == cache
     finally:
         work.close()
-    own = runner.Workdir(tmp_path / "own")            # a run given its folder writes there
+    own = runner.Workdir(tmp_path / "own")  # a run given its folder writes there
     try:
         b = runner.run(selected, [ReferenceBackend()], own)
         assert own.fixture_root == tmp_path / "own" and (tmp_path / "own" / "manifest.json").is_file()
@@ -76,5 +76,5 @@ def test_cache_off(monkeypatch, tmp_path):
 def test_unwritable_cache_falls_back(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("", encoding="utf-8")
-    monkeypatch.setenv(fixtures.CACHE_ENV, str(blocker / "sub"))   # cannot be created
+    monkeypatch.setenv(fixtures.CACHE_ENV, str(blocker / "sub"))  # cannot be created
     assert fixtures.cached() is None

@@ -31,11 +31,12 @@ def test_one_at_a_time_equals_batched(valid, float_mode):
         fw = Forward(m, float_mode=float_mode)
         batched = fw.forward(toks, 0)
         fw.reset()
-        single = np.concatenate([fw.forward(toks[i:i + 1], i) for i in range(len(toks))])
+        single = np.concatenate([fw.forward(toks[i : i + 1], i) for i in range(len(toks))])
         fw.reset()
         half = max(1, len(toks) // 2)
-        split = np.concatenate([fw.forward(toks[:half], 0)] +
-                               ([fw.forward(toks[half:], half)] if len(toks) > half else []))
+        split = np.concatenate(
+            [fw.forward(toks[:half], 0)] + ([fw.forward(toks[half:], half)] if len(toks) > half else [])
+        )
         assert np.isfinite(batched).all(), name
         if float_mode:  # BLAS may block a matrix product differently for 1 and n rows
             np.testing.assert_allclose(single, batched, rtol=0, atol=1e-5, err_msg=name)
@@ -51,7 +52,7 @@ def test_runtime_close_to_float(valid):
         toks = tokens_for(m)
         rt = Forward(m).forward(toks, 0)
         fl = Forward(m, float_mode=True).forward(toks, 0)
-        nmse = float(np.mean((rt - fl) ** 2) / np.mean(fl ** 2))
+        nmse = float(np.mean((rt - fl) ** 2) / np.mean(fl**2))
         assert nmse < 1e-2, (name, nmse)
 
 
@@ -62,21 +63,24 @@ def test_rewind_recomputes_attention_models(valid):
     first = fw.forward(toks, 0)
     other = toks.copy()
     other[5:] = (other[5:] + 3) % m.header["vocab"]
-    fw.forward(other[5:], 5)          # diverge, then rewind to 5 with the original tokens
+    fw.forward(other[5:], 5)  # diverge, then rewind to 5 with the original tokens
     again = fw.forward(toks[5:], 5)
     assert again.tobytes() == first[5:].tobytes()
 
 
-@pytest.mark.parametrize("call, needle", [
-    (lambda m: Forward(m, ctx=m.header["max_seq"] + 1), "ctx"),
-    (lambda m: Forward(m, ctx=0), "ctx"),
-    (lambda m: Forward(m).forward([m.header["vocab"]], 0), "outside"),
-    (lambda m: Forward(m).forward([-1], 0), "outside"),
-    (lambda m: Forward(m).forward([1], -1), "negative"),
-    (lambda m: Forward(m, ctx=4).forward([1, 2, 3, 4, 5], 0), "exceeds ctx"),
-    (lambda m: Forward(m, ctx=8).forward([1], 3), "already fed"),
-    (lambda m: Forward(m).forward([], 0), "non-empty"),
-])
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (lambda m: Forward(m, ctx=m.header["max_seq"] + 1), "ctx"),
+        (lambda m: Forward(m, ctx=0), "ctx"),
+        (lambda m: Forward(m).forward([m.header["vocab"]], 0), "outside"),
+        (lambda m: Forward(m).forward([-1], 0), "outside"),
+        (lambda m: Forward(m).forward([1], -1), "negative"),
+        (lambda m: Forward(m, ctx=4).forward([1, 2, 3, 4, 5], 0), "exceeds ctx"),
+        (lambda m: Forward(m, ctx=8).forward([1], 3), "already fed"),
+        (lambda m: Forward(m).forward([], 0), "non-empty"),
+    ],
+)
 def test_bad_inputs_raise_input_error(valid, call, needle):
     m = mlb.read(valid["q8_min"])
     with pytest.raises(InputError, match=needle):
@@ -117,19 +121,56 @@ def test_rope_scalings_against_transformers():
     torch = pytest.importorskip("torch")
     base = dict(rope_theta=500000.0, rope_local_theta=0.0)
     cases = [
-        ({"rope_type": 1, "rope_factor": 8.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
-          "rope_orig_max_seq": 64},
-         {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 64}),
-        ({"rope_type": 2, "rope_factor": 4.0, "rope_low_freq_factor": 0.0, "rope_high_freq_factor": 0.0,
-          "rope_orig_max_seq": 0}, {"rope_type": "linear", "factor": 4.0}),
-        ({"rope_type": 3, "rope_factor": 4.0, "rope_low_freq_factor": 32.0, "rope_high_freq_factor": 1.0,
-          "rope_orig_max_seq": 64}, {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                     "original_max_position_embeddings": 64}),
+        (
+            {
+                "rope_type": 1,
+                "rope_factor": 8.0,
+                "rope_low_freq_factor": 1.0,
+                "rope_high_freq_factor": 4.0,
+                "rope_orig_max_seq": 64,
+            },
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        (
+            {
+                "rope_type": 2,
+                "rope_factor": 4.0,
+                "rope_low_freq_factor": 0.0,
+                "rope_high_freq_factor": 0.0,
+                "rope_orig_max_seq": 0,
+            },
+            {"rope_type": "linear", "factor": 4.0},
+        ),
+        (
+            {
+                "rope_type": 3,
+                "rope_factor": 4.0,
+                "rope_low_freq_factor": 32.0,
+                "rope_high_freq_factor": 1.0,
+                "rope_orig_max_seq": 64,
+            },
+            {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
     ]
     for ours, theirs in cases:
-        cfg = tr.LlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=256,
-                             rope_parameters={"rope_theta": 500000.0, **theirs})
+        cfg = tr.LlamaConfig(
+            hidden_size=256,
+            num_attention_heads=4,
+            max_position_embeddings=256,
+            rope_parameters={"rope_theta": 500000.0, **theirs},
+        )
         fn = rf.ROPE_INIT_FUNCTIONS[theirs["rope_type"]]
         inv_t, factor = fn(cfg, torch.device("cpu"))
         inv = rope_inv_freq({**base, **ours}, 64, local=False)
@@ -146,8 +187,11 @@ def test_runtime_matmul_is_integer_block_dot(valid):
         x = rng.normal(size=(3, q.shape[1] * (2 if fmt == "Q4_0" else 1))).astype(np.float32)
         got = fw.matmul(name, x)
         xq, xd = quant.q8_0(x)
-        levels = (np.asarray(q, np.int64) if fmt == "Q8_0" else quant.unpack_nibbles(np.asarray(q))
-                  .astype(np.int64).reshape(q.shape[0], -1))
+        levels = (
+            np.asarray(q, np.int64)
+            if fmt == "Q8_0"
+            else quant.unpack_nibbles(np.asarray(q)).astype(np.int64).reshape(q.shape[0], -1)
+        )
         nb = xd.shape[1]
         isum = np.einsum("tbj,rbj->trb", xq.astype(np.int64).reshape(3, nb, 32), levels.reshape(-1, nb, 32))
         want = np.sum(isum * xd.astype(np.float64)[:, None, :] * np.asarray(d, np.float64)[None], axis=2)
@@ -179,6 +223,7 @@ def test_imatrix_sums_add_over_chunks(valid):
 def test_forward_bench_rows():
     from mlconf import bench
     from mlconf.golden import GOLDEN_DIR
+
     rows = bench.forward_bench(str(GOLDEN_DIR / "logits" / "llama.mlb"), n_tokens=4, repeat=1)
     assert [r["mode"] for r in rows] == ["runtime", "float"]
     assert all(r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["of_bw"] > 0 for r in rows)

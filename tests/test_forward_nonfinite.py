@@ -30,7 +30,7 @@ def files(tmp_path_factory):
     fixtures.write_base("qwen35", base)
     blocks = fixtures.base_specs()["qwen35"]["header"].get("dim", 64) // 32
     linear = d / "qwen35_nan_token_2.mlb"
-    poke = {"array": "tok_emb.d", "index": 2 * blocks, "value": np.nan}    # token 2's first block
+    poke = {"array": "tok_emb.d", "index": 2 * blocks, "value": np.nan}  # token 2's first block
     linear.write_bytes(fixtures.mutate(base.read_bytes(), [{"poke": poke}]))
     return {"attention": d / "accepted/nan_embedding_token_2.mlb", "linear": linear}
 
@@ -41,8 +41,11 @@ def backend(name):
 
 def test_the_reference_names_the_matrix_and_the_position(files):
     s = ReferenceBackend().open_model(str(files["attention"]))
-    with pytest.raises(NumericError, match=r"non-finite activation nan at position 1, element 0 of the "
-                                           r"input of layers\.0\.wq \(decision forward\.nonfinite\)"):
+    with pytest.raises(
+        NumericError,
+        match=r"non-finite activation nan at position 1, element 0 of the "
+        r"input of layers\.0\.wq \(decision forward\.nonfinite\)",
+    ):
         s.forward(np.array([1, 2]), 0)
 
 
@@ -55,11 +58,11 @@ def test_a_refused_call_feeds_none_of_its_positions(files, name):
         first = s.forward(np.array([1]), 0)
         with pytest.raises(NumericError):
             s.forward(np.array([2]), 1)
-        with pytest.raises(InputError):          # position 1 was not fed
+        with pytest.raises(InputError):  # position 1 was not fed
             s.forward(np.array([1]), 2)
-        again = s.forward(np.array([1]), 1)      # the call can be made again from its pos
+        again = s.forward(np.array([1]), 1)  # the call can be made again from its pos
         assert first.tobytes() == fresh[:1].tobytes() and again.tobytes() == fresh[1:].tobytes()
-        with pytest.raises(NumericError):        # a prefill that meets it fails whole
+        with pytest.raises(NumericError):  # a prefill that meets it fails whole
             s.forward(np.array([1, 2, 1]), 0)
         assert s.forward(np.array([1]), 0).tobytes() == first.tobytes()
     finally:
@@ -75,7 +78,7 @@ def test_a_model_with_linear_layers_starts_over(files, name):
         first = s.forward(np.array([1]), 0)
         with pytest.raises(NumericError):
             s.forward(np.array([2]), 1)
-        with pytest.raises(InputError):          # its recurrent state is gone: only 0 is allowed
+        with pytest.raises(InputError):  # its recurrent state is gone: only 0 is allowed
             s.forward(np.array([1]), 1)
         assert s.forward(np.array([1]), 0).tobytes() == first.tobytes()
     finally:
@@ -86,6 +89,7 @@ def test_a_model_with_linear_layers_starts_over(files, name):
 class IgnoresNonFinite(ReferenceBackend):
     """A runtime whose activation quantizer drops NaN and inf (an amax taken with max_ps, NaN
     quants set to 0): logits where the decision wants a refusal."""
+
     name = "ignores-nonfinite"
 
     def open_model(self, path, ctx=None):
@@ -103,13 +107,17 @@ class RefusesEverything(ReferenceBackend):
 
         def forward(tokens, pos):
             raise NumericError("refused")
+
         session.forward = forward
         return session
 
 
 def fixture_cases(*names):
-    return [c for c in cases.collect(["forward"])
-            if c.id.startswith("forward/fixture/") and c.id.split("/")[3] in names]
+    return [
+        c
+        for c in cases.collect(["forward"])
+        if c.id.startswith("forward/fixture/") and c.id.split("/")[3] in names
+    ]
 
 
 def test_a_runtime_that_returns_logits_for_nan_fails():
@@ -136,8 +144,9 @@ def test_nonfinite_logits_stand_where_the_reference_has_them():
     (case,) = [c for c in fixture_cases("inf_classifier_scale") if c.id.endswith("prefill")]
     work = runner.Workdir()
     try:
-        want = work.expected_logits(replace(case, params={**case.params,
-                                                          "model": work.path(case.params["fixture"])}))
+        want = work.expected_logits(
+            replace(case, params={**case.params, "model": work.path(case.params["fixture"])})
+        )
         assert isinstance(want, np.ndarray) and not np.isfinite(want).all()
         flipped = want.copy()
         flipped[~np.isfinite(flipped)] = 0.0
@@ -155,6 +164,6 @@ def test_the_loader_fuzzer_runs_accepted_mutants(tmp_path):
     assert c.failures, "no accepted mutant with a non-finite value in 300: pick another seed"
     assert all("/forward/" in r.case and r.got == "logits" for r in c.failures), c.failures[:2]
     assert all(len(e["mutate"]) == 1 and e["expected"] == "ML_OK" for e in c.reproducers)
-    for e in c.reproducers:       # each reproducer is a file the reference accepts and refuses to run
+    for e in c.reproducers:  # each reproducer is a file the reference accepts and refuses to run
         assert ReferenceBackend().load(str(tmp_path / e["file"])).ok
     assert fuzz.run(ReferenceBackend(), "loader", seed=5, count=300).agreed == 300

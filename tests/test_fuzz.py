@@ -31,7 +31,7 @@ def test_the_seed_fixes_the_mutants():
         assert [(x.name, ops) for x, ops in first] == [(x.name, ops) for x, ops in (b() for _ in range(50))]
         assert first != [fuzz.mutants(area, 8)() for _ in range(50)]
         kinds = {next(iter(op)) for _, ops in first for op in ops}
-        assert kinds <= {"raw", "truncate_to", "append"}     # the fixtures' own mutations
+        assert kinds <= {"raw", "truncate_to", "append"}  # the fixtures' own mutations
 
 
 def assert_clean(name: str, area: str, seed: int, count: int) -> None:
@@ -54,29 +54,56 @@ def broken(tmp_path_factory):
     if shutil.which("gcc") is None:
         pytest.skip("no gcc to build examples/crash")
     so = tmp_path_factory.mktemp("broken") / "crash.so"
-    subprocess.run(["gcc", "-std=c11", "-shared", "-fPIC", "-I", str(ROOT / "backends/native/include"),
-                    str(ROOT / "examples/crash/crash.c"), "-o", str(so)], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-std=c11",
+            "-shared",
+            "-fPIC",
+            "-I",
+            str(ROOT / "backends/native/include"),
+            str(ROOT / "examples/crash/crash.c"),
+            "-o",
+            str(so),
+        ],
+        check=True,
+    )
     return so
 
 
 def test_a_broken_loader_is_found_shrunk_and_reported(broken, tmp_path, capsys):
     corpus, report = tmp_path / "corpus", tmp_path / "report"
-    rc = cli.main(["fuzz", "-b", f"lib:{broken}", "--area", "loader", "--count", "150", "--seed", "3",
-                   "--corpus", str(corpus), "--report", str(report)])
+    rc = cli.main(
+        [
+            "fuzz",
+            "-b",
+            f"lib:{broken}",
+            "--area",
+            "loader",
+            "--count",
+            "150",
+            "--seed",
+            "3",
+            "--corpus",
+            str(corpus),
+            "--report",
+            str(report),
+        ]
+    )
     assert rc == exits.FAILED
     doc = json.loads((corpus / "manifest.json").read_text(encoding="utf-8"))
     found = doc["reproducers"]
     assert len(found) > 20 and all(1 <= len(r["mutate"]) <= 3 for r in found)
-    assert sum(len(r["mutate"]) == 1 for r in found) > len(found) // 2      # shrunk
+    assert sum(len(r["mutate"]) == 1 for r in found) > len(found) // 2  # shrunk
     bases = {b.name: b for b in fuzz.bases("loader")}
     ref = ReferenceBackend()
-    for r in found:       # each reproducer is its file, and the reference says what the manifest says
+    for r in found:  # each reproducer is its file, and the reference says what the manifest says
         data = (corpus / r["file"]).read_bytes()
         assert fuzz.apply(bases[r["base"]].data, r["mutate"]) == data
         assert ref.load(str(corpus / r["file"])).status == r["expected"] != r["got"]
     results = reports.load(report / "results.json")
     failing = [x for x in results["records"] if x["outcome"] == "fail"]
-    assert len(failing) == len(found) + 1          # each reproducer, and the campaign's record
+    assert len(failing) == len(found) + 1  # each reproducer, and the campaign's record
     regressed, fixed = reports.diff(results, results)
     assert regressed == [] and fixed == []
     assert "failing" in capsys.readouterr().out
@@ -139,11 +166,13 @@ def test_jobs_give_the_serial_campaign(broken):
 
 class WrongYarn(ReferenceBackend):
     """A runtime with one wrong RoPE variant: yarn's attn_factor ignored."""
+
     name = "wrong-yarn"
 
     def open_model(self, path, ctx=None):
         from mlconf.backends.reference.forward import Forward
         from mlconf.tools import mlb
+
         m = mlb.read(path)
         if m.header["rope_type"] == 3:
             m.header["rope_attn_factor"] = 1.0
@@ -165,10 +194,12 @@ def test_forward_fuzz(tmp_path):
 
 class OffByOneUlp(ReferenceBackend):
     """A runtime whose I2_S activation scale is one float32 ulp off."""
+
     name = "off-by-one-ulp"
 
     def i2s_quantize_act(self, x):
         import numpy as np
+
         q, scale, total = super().i2s_quantize_act(x)
         return q, np.nextafter(scale, np.float32(np.inf)).astype(np.float32), total
 

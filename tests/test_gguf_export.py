@@ -21,8 +21,18 @@ from mlconf.tools import gguf_export, mlb  # noqa: E402
 
 HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 FIXTURES = ["q8_f16", "q4_round_f16", "q4_mask_b"]  # f16 scales; q4_mask_b mixes Q4_0 and Q8_0
-BASE = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab=35, max_seq=64,
-            rope_theta=10000.0, norm_eps=1e-5, scale_f16=1)
+BASE = dict(
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    hidden_dim=96,
+    vocab=35,
+    max_seq=64,
+    rope_theta=10000.0,
+    norm_eps=1e-5,
+    scale_f16=1,
+)
 GEMMA = dict(act=1, post_norms=1, embed_scale=8.0, sliding_window=8, scale_f16=1)
 # Models written here: variants the exporter maps or refuses (header overrides with the layer flags
 # as "flags", q4 rule).
@@ -30,8 +40,17 @@ CUSTOM = {
     "shared_q4_mask": ({"wtype": 2, "shared_classifier": 1, "q8_mask": 36}, "round"),
     "head_dim": ({"dim": 96, "head_dim": 32, "n_kv_heads": 4}, "search"),
     "rot_dim": ({"rot_dim": 8}, "search"),  # refused: llama.cpp's llama rotates whole heads
-    "rope_llama3": ({"rope_type": 1, "rope_factor": 8.0, "rope_low_freq_factor": 1.0,
-                     "rope_high_freq_factor": 4.0, "rope_orig_max_seq": 32, "rope_theta": 5e5}, "search"),
+    "rope_llama3": (
+        {
+            "rope_type": 1,
+            "rope_factor": 8.0,
+            "rope_low_freq_factor": 1.0,
+            "rope_high_freq_factor": 4.0,
+            "rope_orig_max_seq": 32,
+            "rope_theta": 5e5,
+        },
+        "search",
+    ),
     "rope_linear": ({"wtype": 2, "rope_type": 2, "rope_factor": 2.0}, "round"),
     "vocab3": ({"vocab": 3}, "search"),
     "flags_zero": ({"layer_flags": 1}, "round"),  # a flags array, all zero: nothing to export
@@ -41,13 +60,29 @@ CUSTOM = {
     # Gemma: what llama.cpp's gemma2 / gemma3 fix (the embedding scale sqrtf(64) = 8, the attention
     # scale 1/sqrt(head_dim), gemma2's caps and shared classifier) and a window on layer 0 only;
     # gemma3's layer 0 turns by the local base unscaled, layer 1 by rope_theta with linear scaling.
-    "gemma2": ({**GEMMA, "attn_softcap": 50.0, "final_softcap": 30.0, "shared_classifier": 1,
-                "flags": [1, 0]}, "round"),
-    "gemma3": ({**GEMMA, "wtype": 2, "qk_norm": 1, "final_softcap": 15.0, "rope_theta": 1e6,
-                "rope_local_theta": 1e4, "rope_type": 2, "rope_factor": 4.0, "flags": [3, 0]}, "round"),
+    "gemma2": (
+        {**GEMMA, "attn_softcap": 50.0, "final_softcap": 30.0, "shared_classifier": 1, "flags": [1, 0]},
+        "round",
+    ),
+    "gemma3": (
+        {
+            **GEMMA,
+            "wtype": 2,
+            "qk_norm": 1,
+            "final_softcap": 15.0,
+            "rope_theta": 1e6,
+            "rope_local_theta": 1e4,
+            "rope_type": 2,
+            "rope_factor": 4.0,
+            "flags": [3, 0],
+        },
+        "round",
+    ),
     "gemma3_no_window": ({**GEMMA, "qk_norm": 1, "sliding_window": 0}, "search"),
-    "gemma2_no_window": ({**GEMMA, "attn_softcap": 20.0, "final_softcap": 10.0, "shared_classifier": 1,
-                          "sliding_window": 0}, "search"),
+    "gemma2_no_window": (
+        {**GEMMA, "attn_softcap": 20.0, "final_softcap": 10.0, "shared_classifier": 1, "sliding_window": 0},
+        "search",
+    ),
     # refused: llama.cpp cannot say these
     "gemma_embed_1": ({**GEMMA, "qk_norm": 1, "embed_scale": 1.0}, "round"),
     "gemma_attn_scale": ({**GEMMA, "qk_norm": 1, "attn_scale": 0.2}, "round"),
@@ -57,11 +92,26 @@ CUSTOM = {
     "gemma_no_post_norms": ({**GEMMA, "qk_norm": 1, "post_norms": 0}, "round"),
     "gemma_nope": ({**GEMMA, "qk_norm": 1, "flags": [1, 4]}, "round"),
 }
-REFUSED = ("rot_dim", "bias_and_qk_norm", "gemma_embed_1", "gemma_attn_scale", "gemma2_uncapped",
-           "gemma3_capped", "gemma_local_full", "gemma_no_post_norms", "gemma_nope")
+REFUSED = (
+    "rot_dim",
+    "bias_and_qk_norm",
+    "gemma_embed_1",
+    "gemma_attn_scale",
+    "gemma2_uncapped",
+    "gemma3_capped",
+    "gemma_local_full",
+    "gemma_no_post_norms",
+    "gemma_nope",
+)
 EXPORTED = FIXTURES + [n for n in CUSTOM if n not in REFUSED]
-ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3",
-        "gemma3_no_window": "gemma3", "gemma2_no_window": "gemma2"}  # the others: llama
+ARCH = {
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+    "gemma3_no_window": "gemma3",
+    "gemma2_no_window": "gemma2",
+}  # the others: llama
 # What llama.cpp's qwen2, qwen3 and gemma rotate together are halves (i, i + head_dim / 2) of a head:
 # the exporter reorders these arrays' head rows from the .mlb's pairs (2i, 2i + 1) to that order.
 NEOX_ROWS = ("wq", "wk", "bq", "bk", "q_norm", "k_norm")
@@ -70,8 +120,14 @@ NEOX_ROWS = ("wq", "wk", "bq", "bk", "q_norm", "k_norm")
 def _write(path: Path, header: dict, q4_rule: str, seed: int = 0) -> Path:
     header = dict(header)
     flags = header.pop("flags", None)
-    h = mlb.full_header({**BASE, "wtype": 1, **header, "layer_flags": int(flags is not None or
-                                                                          bool(header.get("layer_flags")))})
+    h = mlb.full_header(
+        {
+            **BASE,
+            "wtype": 1,
+            **header,
+            "layer_flags": int(flags is not None or bool(header.get("layer_flags"))),
+        }
+    )
     flags = flags if flags is not None else [0] * h["n_layers"] if h["layer_flags"] else None
     rng = np.random.default_rng(seed)
     arrays = {}
@@ -106,8 +162,17 @@ def _expected_names(m: mlb.Model) -> dict[str, str]:
     names = {"token_embd.weight": "tok_emb", "output_norm.weight": "final_norm"}
     if not m.header["shared_classifier"]:
         names["output.weight"] = "wcls"
-    ours = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
-            "ffn_norm": "ffn_norm", "ffn_gate": "w1", "ffn_down": "w2", "ffn_up": "w3"}
+    ours = {
+        "attn_norm": "attn_norm",
+        "attn_q": "wq",
+        "attn_k": "wk",
+        "attn_v": "wv",
+        "attn_output": "wo",
+        "ffn_norm": "ffn_norm",
+        "ffn_gate": "w1",
+        "ffn_down": "w2",
+        "ffn_up": "w3",
+    }
     if m.header["qk_norm"]:
         ours |= {"attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}
     if m.header["post_norms"]:
@@ -121,8 +186,11 @@ def _expected_names(m: mlb.Model) -> dict[str, str]:
 
 def _neox_rows(w: np.ndarray, head_dim: int) -> np.ndarray:
     """w's rows, head by head, in the order 0, 2, 4, ..., 1, 3, 5, ..."""
-    order = [h * head_dim + j for h in range(len(w) // head_dim)
-             for j in [*range(0, head_dim, 2), *range(1, head_dim, 2)]]
+    order = [
+        h * head_dim + j
+        for h in range(len(w) // head_dim)
+        for j in [*range(0, head_dim, 2), *range(1, head_dim, 2)]
+    ]
     return w[order]
 
 
@@ -168,10 +236,16 @@ def test_hyperparameters(models, exported, name):
     r = gguf.GGUFReader(exported[name])
     arch = ARCH.get(name, "llama")
     assert _field(r, "general.architecture") == arch
-    want = {"context_length": h["max_seq"], "embedding_length": h["dim"], "block_count": h["n_layers"],
-            "feed_forward_length": h["hidden_dim"], "attention.head_count": h["n_heads"],
-            "attention.head_count_kv": h["n_kv_heads"], "rope.dimension_count": d["rot_dim"],
-            "vocab_size": h["vocab"]}
+    want = {
+        "context_length": h["max_seq"],
+        "embedding_length": h["dim"],
+        "block_count": h["n_layers"],
+        "feed_forward_length": h["hidden_dim"],
+        "attention.head_count": h["n_heads"],
+        "attention.head_count_kv": h["n_kv_heads"],
+        "rope.dimension_count": d["rot_dim"],
+        "vocab_size": h["vocab"],
+    }
     for k, v in want.items():
         assert _field(r, f"{arch}.{k}") == v, k
     assert _field(r, f"{arch}.rope.freq_base") == np.float32(h["rope_theta"])
@@ -231,18 +305,22 @@ def test_f32_scales_exact_in_f16_are_accepted(tmp_path):
     np.testing.assert_array_equal(gguf.quants.dequantize(t.data, t.tensor_type), m.weights("layers.1.w2"))
 
 
-@pytest.mark.parametrize("name, words", [("q8_min", ["scale_f16 = 1", "not exact in f16"]),
-                                         ("bias_and_qk_norm", ["qkv_bias and qk_norm"]),
-                                         ("rope_yarn", ["yarn"]),
-                                         ("rot_dim", ["rot_dim = 8", "16 dims"]),
-                                         ("gemma_embed_1", ["embed_scale = 1.0", "sqrtf(dim) = 8.0"]),
-                                         ("gemma_attn_scale", ["attn_scale = 0.2", "0.25", "head_dim"]),
-                                         ("gemma2_uncapped", ["final_softcap = 0", "gemma2 always caps"]),
-                                         ("gemma3_capped", ["attn_softcap = 50.0", "gemma3 caps no"]),
-                                         ("gemma_local_full", ["layer 1", "base 50000", "full-attention",
-                                                               "freq_base_swa"]),
-                                         ("gemma_no_post_norms", ["post_norms = 0", "GELU"]),
-                                         ("gemma_nope", ["layers [1]", "NoPE"])])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("q8_min", ["scale_f16 = 1", "not exact in f16"]),
+        ("bias_and_qk_norm", ["qkv_bias and qk_norm"]),
+        ("rope_yarn", ["yarn"]),
+        ("rot_dim", ["rot_dim = 8", "16 dims"]),
+        ("gemma_embed_1", ["embed_scale = 1.0", "sqrtf(dim) = 8.0"]),
+        ("gemma_attn_scale", ["attn_scale = 0.2", "0.25", "head_dim"]),
+        ("gemma2_uncapped", ["final_softcap = 0", "gemma2 always caps"]),
+        ("gemma3_capped", ["attn_softcap = 50.0", "gemma3 caps no"]),
+        ("gemma_local_full", ["layer 1", "base 50000", "full-attention", "freq_base_swa"]),
+        ("gemma_no_post_norms", ["post_norms = 0", "GELU"]),
+        ("gemma_nope", ["layers [1]", "NoPE"]),
+    ],
+)
 def test_refused(models, tmp_path, name, words):
     out = tmp_path / f"{name}.gguf"
     with pytest.raises(gguf_export.ExportError) as e:
@@ -297,6 +375,7 @@ def test_llama_cpp_sees_a_wrong_rope_pair_order(models, tmp_path, monkeypatch):
         if where.endswith(("wq", "wk")):
             b = b.reshape(-1, 16, b.shape[1])[:, np.r_[0:16:2, 1:16:2]].reshape(b.shape)
         return b
+
     monkeypatch.setattr(gguf_export, "ggml_blocks", halves)
     m = mlb.read(models["q4_round_f16"])
     toks = np.array([1, 5, 9, 20, 34, 3, 7, 11, 0, 2, 30, 17])
@@ -335,6 +414,7 @@ def test_llama_cpp_quantize_gives_q8_0_weights(tmp_path):
     of an F16 GGUF: every 2-D F16 weight becomes Q8_0, the rest keeps its type, and the names and
     shapes stay."""
     from mlconf.bench import llama_cpp_quantize
+
     src = Path(__file__).resolve().parents[1] / "golden" / "bitnet" / "qwen3_teacher_f16.gguf"
     out = llama_cpp_quantize(src, tmp_path / "q8.gguf")
     before = {t.name: t for t in gguf.GGUFReader(src).tensors}
@@ -343,8 +423,11 @@ def test_llama_cpp_quantize_gives_q8_0_weights(tmp_path):
     for name, t in before.items():
         q = after[name]
         assert list(q.shape) == list(t.shape), name
-        want = gguf.GGMLQuantizationType.Q8_0 if t.tensor_type == gguf.GGMLQuantizationType.F16 and len(
-            t.shape) == 2 else t.tensor_type
+        want = (
+            gguf.GGMLQuantizationType.Q8_0
+            if t.tensor_type == gguf.GGMLQuantizationType.F16 and len(t.shape) == 2
+            else t.tensor_type
+        )
         assert q.tensor_type == want, name
     with pytest.raises(RuntimeError, match="llama_model_quantize"):
         llama_cpp_quantize(tmp_path / "missing.gguf", tmp_path / "x.gguf")

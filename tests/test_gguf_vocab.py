@@ -60,7 +60,7 @@ def test_spm_merges_the_best_scored_pair_first():
     # "ab" scores above "bc": a b c -> ab c -> abc (abc is a piece); with "bc" higher: a bc -> abc
     v = _spm({"a": -10, "b": -10, "c": -10, "ab": -1, "bc": -2, "abc": -3})
     assert gguf_vocab.encode(v, "abc") == _ids(v, "abc")
-    v = _spm({"a": -10, "b": -10, "c": -10, "ab": -2, "bc": -1, "xbc": -3})   # abc is no piece
+    v = _spm({"a": -10, "b": -10, "c": -10, "ab": -2, "bc": -1, "xbc": -3})  # abc is no piece
     assert gguf_vocab.encode(v, "abc") == _ids(v, "a", "bc")
 
 

@@ -13,7 +13,7 @@ from mlconf.compare import distances, within
 from mlconf.golden import GOLDEN_DIR
 from mlconf.tools.golden_bitnet import CASES, EDGE, LENGTHS, NAMES, POOLINGS
 
-pytest.importorskip("gguf")   # load_gguf reads with gguf-py
+pytest.importorskip("gguf")  # load_gguf reads with gguf-py
 
 DIR = GOLDEN_DIR / "bitnet"
 MODELS = sorted(CASES)
@@ -25,7 +25,8 @@ def load(name):
 
 def test_every_case_has_a_committed_golden():
     assert sorted(p.name for p in DIR.iterdir()) == sorted(
-        [f"{n}.gguf" for n in CASES] + [f"{n}.npz" for n in NAMES])
+        [f"{n}.gguf" for n in CASES] + [f"{n}.npz" for n in NAMES]
+    )
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -34,8 +35,9 @@ def test_golden_npz_contract(name):
     case = CASES[name]
     dim, vocab = m.hp["dim"], m.tensors["token_embd.weight"].shape[0]
     keys = {"reading"} | {f"tokens_{i}" for i in range(3)}
-    keys |= {f"{pre}{p}{s}_{i}" for pre in case.readings for p in POOLINGS for s in ("", "_norm")
-             for i in range(3)}
+    keys |= {
+        f"{pre}{p}{s}_{i}" for pre in case.readings for p in POOLINGS for s in ("", "_norm") for i in range(3)
+    }
     if not case.teacher:
         keys |= {"pins_call", "pins_index", "pins_value"}
     assert set(g.files) == keys
@@ -49,7 +51,7 @@ def test_golden_npz_contract(name):
                 assert g[f"{pre}{p}_{i}"].dtype == np.float32 and g[f"{pre}{p}_{i}"].shape == (dim,)
                 assert abs(np.linalg.norm(g[f"{pre}{p}_norm_{i}"]) - 1) < 1e-6
     if m.arch == "gemma3":
-        assert max(LENGTHS) > m.hp["window"]   # the sliding window is exercised
+        assert max(LENGTHS) > m.hp["window"]  # the sliding window is exercised
 
 
 def test_goldens_cover_both_archs_readings_and_teachers():
@@ -70,8 +72,13 @@ def test_reference_embedding_matches_oracle(name, pooling, normalize):
     m, g = load(name)
     for prefix, reading in CASES[name].readings.items():
         for i in range(len(LENGTHS)):
-            got = bitnet.embed(m, g[f"tokens_{i}"], pooling=pooling, normalize=normalize,
-                               reading=None if prefix == "" else reading)
+            got = bitnet.embed(
+                m,
+                g[f"tokens_{i}"],
+                pooling=pooling,
+                normalize=normalize,
+                reading=None if prefix == "" else reading,
+            )
             want = g[f"{prefix}{pooling}_norm_{i}" if normalize else f"{prefix}{pooling}_{i}"]
             assert got.dtype == np.float32 and got.shape == want.shape
             ok, over = within(TOLERANCE[reading], distances(got, want))
@@ -141,12 +148,15 @@ def test_pins_take_the_committed_rounding_near_a_boundary():
     assert rec["pins_value"].tolist() == [3, -8]
     # another host's committed roundings: index 0 went down, index 1 the same, index 2 is far
     # from a boundary (a pin there is ignored)
-    committed = {"pins_call": np.array([0, 0, 0]), "pins_index": np.array([0, 1, 2]),
-                 "pins_value": np.array([2, -8, 4])}
+    committed = {
+        "pins_call": np.array([0, 0, 0]),
+        "pins_index": np.array([0, 1, 2]),
+        "pins_value": np.array([2, -8, 4]),
+    }
     replay = Pins(committed)
     assert replay.round(t.clone()).tolist() == [[2.0, -8.0, 3.0, 2.0]]
     assert replay.overridden == 1
-    assert replay.round(t.clone()).tolist() == [[3.0, -8.0, 3.0, 2.0]]   # call 1: nothing committed
+    assert replay.round(t.clone()).tolist() == [[3.0, -8.0, 3.0, 2.0]]  # call 1: nothing committed
 
 
 def test_packing_transcription_agrees_on_fresh_tensors():
@@ -157,8 +167,9 @@ def test_packing_transcription_agrees_on_fresh_tensors():
     rng = np.random.default_rng(11)
     tensors = [(rng.integers(-64, 65, (2, 256)) / 64).astype(np.float32)]
     for shape in ((1, 128), (5, 384), (8, 1024)):
-        bits = rng.integers(0x30000000, 0x42000000, shape, dtype=np.uint32) | \
-            (rng.integers(0, 2, shape, dtype=np.uint32) << 31)
+        bits = rng.integers(0x30000000, 0x42000000, shape, dtype=np.uint32) | (
+            rng.integers(0, 2, shape, dtype=np.uint32) << 31
+        )
         tensors.append(bits.view(np.float32))
     for w in tensors:
         assert golden_bitnet.converter_quantize_to_i2_s(w) == i2s.payload(w), w.shape

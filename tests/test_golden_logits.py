@@ -46,9 +46,23 @@ def test_goldens_cover_the_features():
     assert {h["rope_type"] for h in headers.values()} == {0, 1, 2, 3}
     assert {h["wtype"] for h in headers.values()} == {1, 2}
     assert any(h["scale_f16"] for h in headers.values()) and any(h["q8_mask"] for h in headers.values())
-    for field in ("qkv_bias", "qk_norm", "head_dim", "attn_softcap", "final_softcap", "post_norms",
-                  "rope_local_theta", "rot_dim", "attn_gate", "lin_k_heads", "sliding_window", "act",
-                  "embed_scale", "attn_scale", "shared_classifier"):
+    for field in (
+        "qkv_bias",
+        "qk_norm",
+        "head_dim",
+        "attn_softcap",
+        "final_softcap",
+        "post_norms",
+        "rope_local_theta",
+        "rot_dim",
+        "attn_gate",
+        "lin_k_heads",
+        "sliding_window",
+        "act",
+        "embed_scale",
+        "attn_scale",
+        "shared_classifier",
+    ):
         assert any(h[field] for h in headers.values()), field
     for bit in (1, 2, 4, 8):
         assert any(b & bit for f in flags.values() for b in f), bit

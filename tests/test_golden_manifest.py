@@ -73,6 +73,8 @@ def test_oracle_version_installed(row):
         except metadata.PackageNotFoundError:
             pytest.skip(f"oracle {package} not installed")
         if package == row[2] and golden.PINNED_ORACLES.get(package) == version and installed != version:
-            pytest.skip(f"{row[1]}: derived under {package} {version}, an upstream system's pinned "
-                        f"environment (installed: {installed}); re-derive it there")
+            pytest.skip(
+                f"{row[1]}: derived under {package} {version}, an upstream system's pinned "
+                f"environment (installed: {installed}); re-derive it there"
+            )
         assert installed == version, f"{row[1]} was derived with {package} {version}; installed: {installed}"

@@ -72,7 +72,8 @@ def test_reference_encoder_matches_hf(name):
     want = committed_ids(name)
     wrong = {k: (enc.encode(t), want[k]) for k, t in TEXTS.items() if enc.encode(t) != want[k]}
     assert not wrong, f"{name}: {len(wrong)} texts differ, first: " + "; ".join(
-        f"{k}: got {g[:12]}.. want {w[:12]}.." for k, (g, w) in list(wrong.items())[:3])
+        f"{k}: got {g[:12]}.. want {w[:12]}.." for k, (g, w) in list(wrong.items())[:3]
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].family == "bl"])
@@ -80,7 +81,7 @@ def test_byte_level_decode_round_trip(name):
     tok = convert(name)
     enc = Encoder(tok)
     skip = 1 if tok.flags & FLAG_ADD_BOS else 0
-    hf_nfc = pytest.importorskip("tokenizers").normalizers.NFC().normalize_str   # HF's, as the ids are
+    hf_nfc = pytest.importorskip("tokenizers").normalizers.NFC().normalize_str  # HF's, as the ids are
     for k, text in TEXTS.items():
         want = hf_nfc(text) if tok.flags & FLAG_NFC else text
         assert enc.decode(committed_ids(name)[k][skip:]) == want.encode("utf-8"), k
@@ -92,8 +93,9 @@ def test_goldens_cover_every_flag_and_kind():
         flags |= CASES[n].flags
     assert flags == sum(f["bit"] for f in specs.load("mlt")["flags"])
     assert {CASES[n].family for n in NAMES} == {"sp", "bl"}
-    assert any(convert(n).kind == KIND_BYTE_LEVEL and convert(n).tokens[0][0] == 1 for n in NAMES), \
+    assert any(convert(n).kind == KIND_BYTE_LEVEL and convert(n).tokens[0][0] == 1 for n in NAMES), (
         "a byte-level case with added tokens at the first ids"
+    )
 
 
 # ---------------------------------------------------------------- oracle
@@ -111,8 +113,10 @@ def test_oracle_retrains_identical_files(tmp_path):
     differ = [p.name for p in sorted(DIR.iterdir()) if (tmp_path / p.name).read_bytes() != p.read_bytes()]
     recorded = {_manifest_version(f"tokenizers/{f}") for f in differ}
     if differ and recorded != {installed}:
-        pytest.skip(f"tokenizers {installed} trains differently from {recorded} for {differ}; "
-                    "the committed ids are re-checked by test_oracle_reencodes_the_committed_ids")
+        pytest.skip(
+            f"tokenizers {installed} trains differently from {recorded} for {differ}; "
+            "the committed ids are re-checked by test_oracle_reencodes_the_committed_ids"
+        )
     assert not differ, f"re-training under the same tokenizers {installed} changed {differ}"
 
 
@@ -137,20 +141,34 @@ def _without(name: str, flag: int) -> dict:
         d["post_processor"] = None
     elif flag == 2:
         d["model"]["ignore_merges"] = False
-    elif flag == 4:    # Metaspace first -> the Prepend/Replace normalizer (prefix after every added token)
+    elif flag == 4:  # Metaspace first -> the Prepend/Replace normalizer (prefix after every added token)
         d["pre_tokenizer"] = None
-        d["normalizer"] = {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "\u2581"},
-            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+        d["normalizer"] = {
+            "type": "Sequence",
+            "normalizers": [
+                {"type": "Prepend", "prepend": "\u2581"},
+                {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+            ],
+        }
     elif flag == 8:
         d["normalizer"] = None
     elif flag == 16:
         leaves[0]["pattern"]["Regex"] = REGEX["llama3"]
-    elif flag == 32:   # the GPT-2 regex of ByteLevel -> Split(Llama 3 regex) + ByteLevel(use_regex=false)
+    elif flag == 32:  # the GPT-2 regex of ByteLevel -> Split(Llama 3 regex) + ByteLevel(use_regex=false)
         rest = [x for x in leaves if x["type"] != "ByteLevel"]
-        d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": rest + [
-            {"type": "Split", "pattern": {"Regex": REGEX["llama3"]}, "behavior": "Isolated", "invert": False},
-            dict(bl_regex, use_regex=False)]}
+        d["pre_tokenizer"] = {
+            "type": "Sequence",
+            "pretokenizers": rest
+            + [
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": REGEX["llama3"]},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+                dict(bl_regex, use_regex=False),
+            ],
+        }
     elif flag == 64:
         rest = [x for x in leaves if x["type"] != "Digits"]
         d["pre_tokenizer"] = rest[0] if len(rest) == 1 else {"type": "Sequence", "pretokenizers": rest}
@@ -158,8 +176,9 @@ def _without(name: str, flag: int) -> dict:
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("name,flag", [(n, 1 << b) for n in NAMES for b in range(7)
-                                       if CASES[n].flags & (1 << b)])
+@pytest.mark.parametrize(
+    "name,flag", [(n, 1 << b) for n in NAMES for b in range(7) if CASES[n].flags & (1 << b)]
+)
 def test_oracle_each_flag_changes_some_ids(name, flag):
     """The text set is not blind to any flag of any case: without the flag's construct HF gives
     other ids for some text."""

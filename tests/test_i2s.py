@@ -87,6 +87,7 @@ def test_spec_dot_sums_exactly(name: str) -> None:
 
 def test_spec_decisions_have_fields() -> None:
     from mlconf import specs
+
     decisions = [d for d in specs.load("decisions") if d["id"].startswith("i2s.")]
     assert len(decisions) >= 10
     ids = [d["id"] for d in specs.load("decisions")]

@@ -19,18 +19,60 @@ from mlconf.backends.reference import layout
 from mlconf.tools import mlb
 
 SEED_OFFSETS = {
-    "magic": 0, "version": 4, "dim": 8, "n_layers": 12, "n_heads": 16, "n_kv_heads": 20,
-    "hidden_dim": 24, "vocab": 28, "max_seq": 32, "rope_theta": 36, "norm_eps": 40, "wtype": 44,
-    "shared_classifier": 48, "rope_type": 52, "rope_factor": 56, "rope_low_freq_factor": 60,
-    "rope_high_freq_factor": 64, "rope_orig_max_seq": 68, "q8_mask": 72, "qkv_bias": 76,
-    "head_dim": 80, "qk_norm": 84, "rope_attn_factor": 88, "sliding_window": 92, "layer_flags": 96,
-    "rope_local_theta": 100, "act": 104, "post_norms": 108, "embed_scale": 112, "attn_scale": 116,
-    "scale_f16": 120, "attn_softcap": 124, "final_softcap": 128, "rot_dim": 132, "attn_gate": 136,
-    "lin_k_heads": 140, "lin_v_heads": 144, "lin_k_dim": 148, "lin_v_dim": 152, "lin_conv": 156,
+    "magic": 0,
+    "version": 4,
+    "dim": 8,
+    "n_layers": 12,
+    "n_heads": 16,
+    "n_kv_heads": 20,
+    "hidden_dim": 24,
+    "vocab": 28,
+    "max_seq": 32,
+    "rope_theta": 36,
+    "norm_eps": 40,
+    "wtype": 44,
+    "shared_classifier": 48,
+    "rope_type": 52,
+    "rope_factor": 56,
+    "rope_low_freq_factor": 60,
+    "rope_high_freq_factor": 64,
+    "rope_orig_max_seq": 68,
+    "q8_mask": 72,
+    "qkv_bias": 76,
+    "head_dim": 80,
+    "qk_norm": 84,
+    "rope_attn_factor": 88,
+    "sliding_window": 92,
+    "layer_flags": 96,
+    "rope_local_theta": 100,
+    "act": 104,
+    "post_norms": 108,
+    "embed_scale": 112,
+    "attn_scale": 116,
+    "scale_f16": 120,
+    "attn_softcap": 124,
+    "final_softcap": 128,
+    "rot_dim": 132,
+    "attn_gate": 136,
+    "lin_k_heads": 140,
+    "lin_v_heads": 144,
+    "lin_k_dim": 148,
+    "lin_v_dim": 152,
+    "lin_conv": 156,
 }
-F32_FIELDS = {"rope_theta", "norm_eps", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-              "rope_attn_factor", "rope_local_theta", "embed_scale", "attn_scale", "attn_softcap",
-              "final_softcap"}
+F32_FIELDS = {
+    "rope_theta",
+    "norm_eps",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_attn_factor",
+    "rope_local_theta",
+    "embed_scale",
+    "attn_scale",
+    "attn_softcap",
+    "final_softcap",
+}
 U32_FIELDS = set(SEED_OFFSETS) - F32_FIELDS - {"magic"}
 
 
@@ -49,8 +91,21 @@ def place(sizes: list[tuple[str, int]], start: int = 256) -> list[tuple[str, int
 
 
 # q8_mask bit of each matrix class (seed: "q8_mask bits").
-SEED_BITS = {"tok_emb": 1, "wcls": 2, "wq": 4, "wk": 4, "wg": 4, "lqkv": 4, "wv": 8, "lz": 8,
-             "wo": 16, "lout": 16, "w1": 32, "w3": 32, "w2": 64}
+SEED_BITS = {
+    "tok_emb": 1,
+    "wcls": 2,
+    "wq": 4,
+    "wk": 4,
+    "wg": 4,
+    "lqkv": 4,
+    "wv": 8,
+    "lz": 8,
+    "wo": 16,
+    "lout": 16,
+    "w1": 32,
+    "w3": 32,
+    "w2": 64,
+}
 
 
 def seed_plan(h: dict, flags) -> list[tuple[str, int, int, str]]:
@@ -187,21 +242,39 @@ def test_parse_arbitrary_bytes(raw):
 # ---------------------------------------------------------------- hand-written plans
 # Model A: Q8_0, f32 scales, dim 32, 1 layer, 2 heads / 1 kv head (head_dim 16, q_dim 32,
 # kv_dim 16), hidden 64, vocab 3, separate wcls. Offsets worked out by hand.
-MODEL_A = dict(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=64, vocab=3, max_seq=8,
-               rope_theta=10000.0, wtype=1)
+MODEL_A = dict(
+    dim=32,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    hidden_dim=64,
+    vocab=3,
+    max_seq=8,
+    rope_theta=10000.0,
+    wtype=1,
+)
 PLAN_A = [
-    ("tok_emb.q", 256, 96), ("tok_emb.d", 384, 12),
+    ("tok_emb.q", 256, 96),
+    ("tok_emb.d", 384, 12),
     ("layers.0.attn_norm", 448, 128),
-    ("layers.0.wq.q", 576, 1024), ("layers.0.wq.d", 1600, 128),
-    ("layers.0.wk.q", 1728, 512), ("layers.0.wk.d", 2240, 64),
-    ("layers.0.wv.q", 2304, 512), ("layers.0.wv.d", 2816, 64),
-    ("layers.0.wo.q", 2880, 1024), ("layers.0.wo.d", 3904, 128),
+    ("layers.0.wq.q", 576, 1024),
+    ("layers.0.wq.d", 1600, 128),
+    ("layers.0.wk.q", 1728, 512),
+    ("layers.0.wk.d", 2240, 64),
+    ("layers.0.wv.q", 2304, 512),
+    ("layers.0.wv.d", 2816, 64),
+    ("layers.0.wo.q", 2880, 1024),
+    ("layers.0.wo.d", 3904, 128),
     ("layers.0.ffn_norm", 4032, 128),
-    ("layers.0.w1.q", 4160, 2048), ("layers.0.w1.d", 6208, 256),
-    ("layers.0.w2.q", 6464, 2048), ("layers.0.w2.d", 8512, 256),
-    ("layers.0.w3.q", 8768, 2048), ("layers.0.w3.d", 10816, 256),
+    ("layers.0.w1.q", 4160, 2048),
+    ("layers.0.w1.d", 6208, 256),
+    ("layers.0.w2.q", 6464, 2048),
+    ("layers.0.w2.d", 8512, 256),
+    ("layers.0.w3.q", 8768, 2048),
+    ("layers.0.w3.d", 10816, 256),
     ("final_norm", 11072, 128),
-    ("wcls.q", 11200, 96), ("wcls.d", 11328, 12),
+    ("wcls.q", 11200, 96),
+    ("wcls.d", 11328, 12),
 ]
 END_A = 11340
 
@@ -209,28 +282,88 @@ END_A = 11340
 # qk_norm, attn_gate, post_norms, layer flags [8, 1]: layer 0 linear attention (K=1, V=4, dk=8,
 # dv=8, conv 3: lin_qkv = 48, V*dv = 32), layer 1 windowed attention. dim 64, 4 heads, 2 kv heads
 # (head_dim 16, q_dim 64, kv_dim 32), hidden 32, vocab 5.
-MODEL_B = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=32, vocab=5, max_seq=16,
-               rope_theta=10000.0, wtype=2, scale_f16=1, q8_mask=10, shared_classifier=1, qkv_bias=1,
-               qk_norm=1, attn_gate=1, post_norms=1, layer_flags=1, sliding_window=4,
-               lin_k_heads=1, lin_v_heads=4, lin_k_dim=8, lin_v_dim=8, lin_conv=3)
+MODEL_B = dict(
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    hidden_dim=32,
+    vocab=5,
+    max_seq=16,
+    rope_theta=10000.0,
+    wtype=2,
+    scale_f16=1,
+    q8_mask=10,
+    shared_classifier=1,
+    qkv_bias=1,
+    qk_norm=1,
+    attn_gate=1,
+    post_norms=1,
+    layer_flags=1,
+    sliding_window=4,
+    lin_k_heads=1,
+    lin_v_heads=4,
+    lin_k_dim=8,
+    lin_v_dim=8,
+    lin_conv=3,
+)
 FLAGS_B = [8, 1]
-_FFN_B = [("ffn_norm", 256, "F32"), ("w1.q", 1024, "Q4_0"), ("w1.d", 128, "Q4_0"),
-          ("w2.q", 1024, "Q4_0"), ("w2.d", 128, "Q4_0"), ("w3.q", 1024, "Q4_0"), ("w3.d", 128, "Q4_0"),
-          ("post_attn_norm", 256, "F32"), ("post_ffn_norm", 256, "F32")]
+_FFN_B = [
+    ("ffn_norm", 256, "F32"),
+    ("w1.q", 1024, "Q4_0"),
+    ("w1.d", 128, "Q4_0"),
+    ("w2.q", 1024, "Q4_0"),
+    ("w2.d", 128, "Q4_0"),
+    ("w3.q", 1024, "Q4_0"),
+    ("w3.d", 128, "Q4_0"),
+    ("post_attn_norm", 256, "F32"),
+    ("post_ffn_norm", 256, "F32"),
+]
 SIZES_B = (
     [("layer_flags", 2, "U8"), ("tok_emb.q", 320, "Q8_0"), ("tok_emb.d", 20, "Q8_0")]
-    + [("layers.0." + n, b, f) for n, b, f in [
-        ("attn_norm", 256, "F32"), ("lqkv.q", 1536, "Q4_0"), ("lqkv.d", 192, "Q4_0"),
-        ("lz.q", 2048, "Q8_0"), ("lz.d", 128, "Q8_0"), ("lb.q", 256, "Q8_0"), ("lb.d", 16, "Q8_0"),
-        ("la.q", 256, "Q8_0"), ("la.d", 16, "Q8_0"), ("lconv", 576, "F32"), ("dt_bias", 16, "F32"),
-        ("A_log", 16, "F32"), ("lnorm", 32, "F32"), ("lout.q", 1024, "Q4_0"), ("lout.d", 128, "Q4_0"),
-        *_FFN_B]]
-    + [("layers.1." + n, b, f) for n, b, f in [
-        ("attn_norm", 256, "F32"), ("wq.q", 2048, "Q4_0"), ("wq.d", 256, "Q4_0"),
-        ("wk.q", 1024, "Q4_0"), ("wk.d", 128, "Q4_0"), ("wv.q", 2048, "Q8_0"), ("wv.d", 128, "Q8_0"),
-        ("wo.q", 2048, "Q4_0"), ("wo.d", 256, "Q4_0"), ("wg.q", 2048, "Q4_0"), ("wg.d", 256, "Q4_0"),
-        ("bq", 256, "F32"), ("bk", 128, "F32"), ("bv", 128, "F32"), ("q_norm", 64, "F32"),
-        ("k_norm", 64, "F32"), *_FFN_B]]
+    + [
+        ("layers.0." + n, b, f)
+        for n, b, f in [
+            ("attn_norm", 256, "F32"),
+            ("lqkv.q", 1536, "Q4_0"),
+            ("lqkv.d", 192, "Q4_0"),
+            ("lz.q", 2048, "Q8_0"),
+            ("lz.d", 128, "Q8_0"),
+            ("lb.q", 256, "Q8_0"),
+            ("lb.d", 16, "Q8_0"),
+            ("la.q", 256, "Q8_0"),
+            ("la.d", 16, "Q8_0"),
+            ("lconv", 576, "F32"),
+            ("dt_bias", 16, "F32"),
+            ("A_log", 16, "F32"),
+            ("lnorm", 32, "F32"),
+            ("lout.q", 1024, "Q4_0"),
+            ("lout.d", 128, "Q4_0"),
+            *_FFN_B,
+        ]
+    ]
+    + [
+        ("layers.1." + n, b, f)
+        for n, b, f in [
+            ("attn_norm", 256, "F32"),
+            ("wq.q", 2048, "Q4_0"),
+            ("wq.d", 256, "Q4_0"),
+            ("wk.q", 1024, "Q4_0"),
+            ("wk.d", 128, "Q4_0"),
+            ("wv.q", 2048, "Q8_0"),
+            ("wv.d", 128, "Q8_0"),
+            ("wo.q", 2048, "Q4_0"),
+            ("wo.d", 256, "Q4_0"),
+            ("wg.q", 2048, "Q4_0"),
+            ("wg.d", 256, "Q4_0"),
+            ("bq", 256, "F32"),
+            ("bk", 128, "F32"),
+            ("bv", 128, "F32"),
+            ("q_norm", 64, "F32"),
+            ("k_norm", 64, "F32"),
+            *_FFN_B,
+        ]
+    ]
     + [("final_norm", 256, "F32")]
 )
 
@@ -249,8 +382,10 @@ def test_plan_model_a():
 
 def test_plan_model_b():
     h = header(**MODEL_B)
-    want = [(n, o, b, f) for (n, o, b), (_, _, f) in
-            zip(place([(n, b) for n, b, _ in SIZES_B]), SIZES_B, strict=True)]
+    want = [
+        (n, o, b, f)
+        for (n, o, b), (_, _, f) in zip(place([(n, b) for n, b, _ in SIZES_B]), SIZES_B, strict=True)
+    ]
     assert got_plan(h, FLAGS_B) == want
     assert seed_plan(h, FLAGS_B) == want
     last = want[-1]
@@ -269,20 +404,42 @@ def test_plan_dtypes_and_shapes():
 
 
 # q8_mask classes: which matrices are Q8_0 in a Q4_0 model (seed: "q8_mask bits").
-MASK_MODEL = dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, hidden_dim=32, vocab=4, max_seq=8,
-                  rope_theta=10000.0, wtype=2, attn_gate=1, layer_flags=1, lin_k_heads=1,
-                  lin_v_heads=4, lin_k_dim=8, lin_v_dim=8, lin_conv=2)
+MASK_MODEL = dict(
+    dim=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    hidden_dim=32,
+    vocab=4,
+    max_seq=8,
+    rope_theta=10000.0,
+    wtype=2,
+    attn_gate=1,
+    layer_flags=1,
+    lin_k_heads=1,
+    lin_v_heads=4,
+    lin_k_dim=8,
+    lin_v_dim=8,
+    lin_conv=2,
+)
 MASK_FLAGS = [0, 8]
 MASK_CLASSES = {  # bit -> matrices (by leaf name) stored as Q8_0, with a separate wcls
-    0: set(), 1: {"tok_emb"}, 2: {"wcls"}, 4: {"wq", "wk", "wg", "lqkv"}, 8: {"wv", "lz"},
-    16: {"wo", "lout"}, 32: {"w1", "w3"}, 64: {"w2"},
+    0: set(),
+    1: {"tok_emb"},
+    2: {"wcls"},
+    4: {"wq", "wk", "wg", "lqkv"},
+    8: {"wv", "lz"},
+    16: {"wo", "lout"},
+    32: {"w1", "w3"},
+    64: {"w2"},
 }
 ALWAYS_Q8 = {"lb", "la"}
 
 
 def _q8_leaves(h: dict, flags) -> set[str]:
-    return {a.matrix.rsplit(".", 1)[-1] for a in layout.plan(h, bytes(flags))
-            if a.part == "q" and a.fmt == "Q8_0"}
+    return {
+        a.matrix.rsplit(".", 1)[-1] for a in layout.plan(h, bytes(flags)) if a.part == "q" and a.fmt == "Q8_0"
+    }
 
 
 @pytest.mark.parametrize("bit", sorted(MASK_CLASSES))
@@ -296,8 +453,9 @@ def test_q8_mask_all_bits():
     assert _q8_leaves(h, MASK_FLAGS) == set().union(*MASK_CLASSES.values()) | ALWAYS_Q8
 
 
-@pytest.mark.parametrize("mask,tok_q8", [(0, False), (1, True), (2, True), (3, True), (4, False),
-                                         (124, False), (125, True)])
+@pytest.mark.parametrize(
+    "mask,tok_q8", [(0, False), (1, True), (2, True), (3, True), (4, False), (124, False), (125, True)]
+)
 def test_shared_classifier_tok_emb(mask, tok_q8):
     """With a shared classifier, tok_emb is Q8_0 if bit 1 or 2 is set."""
     h = header(**MASK_MODEL, q8_mask=mask, shared_classifier=1)
@@ -376,10 +534,11 @@ def test_writer_pads_the_last_array(tmp_path, model, flags):
     the file is the hand-computed end of the last array rounded up to 64."""
     h = mlb.full_header(model)
     rng = np.random.default_rng(0)
-    arrays = {k: rng.normal(0, 0.1, shape).astype(np.float32)
-              for k, (_, shape) in mlb.expected_arrays(h, flags).items()}
+    arrays = {
+        k: rng.normal(0, 0.1, shape).astype(np.float32)
+        for k, (_, shape) in mlb.expected_arrays(h, flags).items()
+    }
     mlb.write(tmp_path / "m.mlb", model, arrays, flags=flags)
     size = (tmp_path / "m.mlb").stat().st_size
-    end = END_A if flags is None else (lambda p: p[-1][1] + p[-1][2])(
-        place([(n, b) for n, b, _ in SIZES_B]))
+    end = END_A if flags is None else (lambda p: p[-1][1] + p[-1][2])(place([(n, b) for n, b, _ in SIZES_B]))
     assert size == _pad64(end)

@@ -20,7 +20,8 @@ from mlconf.backends.cmd import CmdBackend
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("gguf") is None,
-    reason="llama-cpp-python and gguf-py (extra `bench`) are not installed")
+    reason="llama-cpp-python and gguf-py (extra `bench`) are not installed",
+)
 
 # Expressible as a GGUF (f16 scales; llama, or qwen3 with its q/k norms), and one that is not
 # (the qwen2 fixture: f32 scales)
@@ -49,7 +50,9 @@ sys.exit(program.main())
 """
 
 
-def _run_area(tmp_path, area: str, select: str, backend: str = "llama.cpp", name: str = "out") -> dict[str, dict]:
+def _run_area(
+    tmp_path, area: str, select: str, backend: str = "llama.cpp", name: str = "out"
+) -> dict[str, dict]:
     cli.main(["run", "-b", backend, "--area", area, "-k", select, "--report", str(tmp_path / name)])
     doc = json.loads((tmp_path / name / "results.json").read_text(encoding="utf-8"))
     return {r["case"]: r for r in doc["records"]}
@@ -81,8 +84,9 @@ def test_a_wrong_rope_layout_fails_the_forward_cases(tmp_path, monkeypatch):
     for the wrong pairing to leave its tolerance.)"""
     script = tmp_path / "halves.py"
     script.write_text(HALVES, encoding="utf-8")
-    monkeypatch.setitem(registry._FACTORIES, "llama.cpp-halves",
-                        lambda name: CmdBackend(name, [sys.executable, str(script)]))
+    monkeypatch.setitem(
+        registry._FACTORIES, "llama.cpp-halves", lambda name: CmdBackend(name, [sys.executable, str(script)])
+    )
     select = " or ".join(("q4_round_f16", "q4_mask_b", "qwen3_qk_norm_f16"))
     right = _run(tmp_path, "llama.cpp", select, "right")
     wrong = _run(tmp_path, "llama.cpp-halves", select, "wrong")
@@ -99,12 +103,15 @@ def test_ggml_quantizers_answer_the_quant_cases(tmp_path):
     doc = json.loads((tmp_path / "q" / "results.json").read_text(encoding="utf-8"))
     recs = doc["records"]
     outcomes = {r["outcome"] for r in recs}
-    assert "error" not in outcomes and "crash" not in outcomes, [r["detail"] for r in recs
-                                                                  if r["outcome"] in ("error", "crash")]
+    assert "error" not in outcomes and "crash" not in outcomes, [
+        r["detail"] for r in recs if r["outcome"] in ("error", "crash")
+    ]
     ran = [r for r in recs if r["outcome"] in ("pass", "fail")]
     assert ran and any(r["outcome"] == "pass" for r in ran)
     unsupported = [r["detail"] for r in recs if r["outcome"] == "unsupported"]
-    assert unsupported and all("f16 scales" in d or "importance matrix" in d for d in unsupported), unsupported
+    assert unsupported and all("f16 scales" in d or "importance matrix" in d for d in unsupported), (
+        unsupported
+    )
 
 
 def test_llama_cpp_dir_must_hold_the_libraries(tmp_path):
@@ -117,13 +124,14 @@ def test_forward_positions_follow_the_session(tmp_path):
     range as an input error; the logits of a prefill equal the token-by-token ones within f16 KV
     rounding."""
     from mlconf import fixtures
+
     fixtures.generate(tmp_path, only={"valid/q4_round_f16.mlb"})
     b = backends.get("llama.cpp")
     try:
         s = b.open_model(str(tmp_path / "valid" / "q4_round_f16.mlb"), 16)
         toks = np.array([1, 5, 9, 3])
         pre = s.forward(toks, 0)
-        one = np.concatenate([s.forward(toks[i:i + 1], i) for i in range(len(toks))])
+        one = np.concatenate([s.forward(toks[i : i + 1], i) for i in range(len(toks))])
         assert pre.shape == one.shape == (4, s.vocab)
         assert np.abs(pre - one).max() < 1e-2
         with pytest.raises(backends.InputError, match="next position"):
@@ -168,23 +176,28 @@ def test_embeddings_of_the_teachers(tmp_path, monkeypatch):
     the "last" cases of more than one token fail: the comparison sees the pooling."""
     got = _run_area(tmp_path, "bitnet", "embed")
     teacher = {c: r for c, r in got.items() if "teacher" in c and "/refused/" not in c}
-    assert len(teacher) == 72 and all(r["outcome"] == "pass" for r in teacher.values()), \
-        {c: r["detail"] for c, r in teacher.items() if r["outcome"] != "pass"}
+    assert len(teacher) == 72 and all(r["outcome"] == "pass" for r in teacher.values()), {
+        c: r["detail"] for c, r in teacher.items() if r["outcome"] != "pass"
+    }
     for c, r in got.items():
         if "/refused/" not in c and ("i2s" in c or "qwen3_f16" in c):
             assert r["outcome"] == "unsupported", (c, r["detail"])
-            assert ("type 36" in r["detail"] or "_norm_in" in r["detail"] or "reading" in r["detail"]), r["detail"]
+            assert "type 36" in r["detail"] or "_norm_in" in r["detail"] or "reading" in r["detail"], r[
+                "detail"
+            ]
     assert got["bitnet/embed/refused/qwen3_teacher_f16/nan_norm"]["outcome"] == "fail"
     assert all(r["outcome"] in ("pass", "fail", "unsupported") for r in got.values())
 
     script = tmp_path / "mean_for_last.py"
     script.write_text(MEAN_FOR_LAST, encoding="utf-8")
-    monkeypatch.setitem(registry._FACTORIES, "llama.cpp-mean",
-                        lambda name: CmdBackend(name, [sys.executable, str(script)]))
+    monkeypatch.setitem(
+        registry._FACTORIES, "llama.cpp-mean", lambda name: CmdBackend(name, [sys.executable, str(script)])
+    )
     wrong = _run_area(tmp_path, "bitnet", "embed and teacher and last", "llama.cpp-mean", "wrong")
     longer = {c: r for c, r in wrong.items() if "/refused/" not in c and "/0/" not in c}  # set 0: one token
-    assert len(longer) == 16 and all(r["outcome"] == "fail" for r in longer.values()), \
-        {c: r["outcome"] for c, r in longer.items()}
+    assert len(longer) == 16 and all(r["outcome"] == "fail" for r in longer.values()), {
+        c: r["outcome"] for c, r in longer.items()
+    }
 
 
 def test_readme_conformance_table_is_the_run(tmp_path):
@@ -196,11 +209,14 @@ def test_readme_conformance_table_is_the_run(tmp_path):
     from pathlib import Path
 
     from mlconf import conformance_table
+
     cli.main(["run", "-b", "llama.cpp", "-b", "native", "-b", "reference", "--report", str(tmp_path / "r")])
     doc = json.loads((tmp_path / "r" / "results.json").read_text(encoding="utf-8"))
     got = conformance_table.render(doc, "llama.cpp")
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     i, j = conformance_table.block(readme, "llama.cpp")
     why = conformance_table.differences(readme[i:j], got, rtol=0.2)
-    assert why is None, f"README.md's llama.cpp table is not this run's ({why}); rewrite it with mlconf " \
-                        "report RESULTS.json --conformance llama.cpp --update README.md"
+    assert why is None, (
+        f"README.md's llama.cpp table is not this run's ({why}); rewrite it with mlconf "
+        "report RESULTS.json --conformance llama.cpp --update README.md"
+    )

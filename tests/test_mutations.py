@@ -21,14 +21,18 @@ from mlconf.backends.reference import layout, loader
 
 STATUSES = {"ML_OK", "ML_E_FORMAT", "ML_E_SHAPE"}
 U32_FIELDS = [(f["name"], f["offset"]) for f in specs.load("mlb_header")["fields"] if f["type"] == "u32"]
-HSET = settings(max_examples=300, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+HSET = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 def _valid_files(generated) -> list[tuple[str, bytes]]:
     out, fx = generated
-    return [(f.file, (out / f.file).read_bytes()) for f in fx
-            if f.kind in ("valid", "accepted") and f.file.endswith(".mlb")]
+    return [
+        (f.file, (out / f.file).read_bytes())
+        for f in fx
+        if f.kind in ("valid", "accepted") and f.file.endswith(".mlb")
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -132,7 +136,7 @@ def test_random_appended_bytes(valid_files, scratch, data):
     name, raw = data.draw(st.sampled_from(valid_files), label="file")
     tail = data.draw(st.binary(min_size=1, max_size=300), label="tail")
     res = _load_bytes(scratch, raw + tail)
-    assert res.status == "ML_OK", res   # decision loader.trailing_bytes: extra bytes are ignored
+    assert res.status == "ML_OK", res  # decision loader.trailing_bytes: extra bytes are ignored
 
 
 @HSET
@@ -142,8 +146,11 @@ def test_random_u32_header_values(valid_files, scratch, data):
     fields = data.draw(st.lists(st.sampled_from(U32_FIELDS), min_size=1, max_size=6, unique=True))
     b = bytearray(raw)
     for fname, off in fields:
-        v = data.draw(st.sampled_from([0, 1, 2**31, 2**32 - 1, 65536, 65537, 2**24, 2**24 + 1])
-                      | st.integers(0, 2**32 - 1), label=fname)
+        v = data.draw(
+            st.sampled_from([0, 1, 2**31, 2**32 - 1, 65536, 65537, 2**24, 2**24 + 1])
+            | st.integers(0, 2**32 - 1),
+            label=fname,
+        )
         struct.pack_into("<I", b, off, v)
     _load_bytes(scratch, bytes(b))
 
@@ -169,7 +176,7 @@ def test_many_layers_is_quick(generated, scratch, base, n_layers):
     res = _load_bytes(scratch, bytes(b))
     if base == "valid/q8_min.mlb":
         assert res.status == "ML_E_FORMAT" and res.rule == "format.truncated_body", res
-    else:   # the flag bytes now run into the body; some flag or size rule refuses the file
+    else:  # the flag bytes now run into the body; some flag or size rule refuses the file
         assert res.status != "ML_OK", res
 
 
@@ -177,6 +184,7 @@ def test_many_linear_layers_with_flags_is_quick(generated, scratch, monkeypatch)
     """65536 flag bytes of linear layers follow the header: the size check refuses it without
     walking the layers (layout.plan, which enumerates every array, is never called)."""
     from mlconf.backends.reference import layout
+
     monkeypatch.setattr(layout, "plan", lambda *a: pytest.fail("plan() walked the layers"))
     out, _ = generated
     b = bytearray((out / "valid/qwen35.mlb").read_bytes()[:256])
@@ -190,18 +198,45 @@ NAN, INF = float("nan"), float("inf")
 BOOLS = ["qkv_bias", "qk_norm", "layer_flags", "post_norms", "scale_f16"]
 NONNEG = ["embed_scale", "attn_scale", "attn_softcap", "final_softcap"]
 big_u32 = st.integers(2, 2**32 - 1)
-bad_pos = st.sampled_from([0.0, -0.0, -1.0, NAN, INF, -INF])       # not > 0 and finite
-bad_nonneg = st.sampled_from([-1e-6, -1.0, NAN, INF, -INF])        # not >= 0 and finite
+bad_pos = st.sampled_from([0.0, -0.0, -1.0, NAN, INF, -INF])  # not > 0 and finite
+bad_nonneg = st.sampled_from([-1e-6, -1.0, NAN, INF, -INF])  # not >= 0 and finite
 
 
 @st.composite
 def violation(draw, h: dict, flags):
     """(description, header changes, flag changes, the seed's status) of one broken rule."""
-    kind = draw(st.sampled_from([
-        "magic", "version", "wtype", "rope_type", "llama3", "linear", "yarn", "attn_factor", "bool",
-        "act", "nonneg", "local_theta_negative", "window", "flag_bits", "local_norope", "local_no_theta",
-        "zero_dim", "over_limit", "dim32", "hidden32", "heads_divide", "kv_divide", "odd_head_dim",
-        "q_dim32", "q_dim_limit", "vocab"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "magic",
+                "version",
+                "wtype",
+                "rope_type",
+                "llama3",
+                "linear",
+                "yarn",
+                "attn_factor",
+                "bool",
+                "act",
+                "nonneg",
+                "local_theta_negative",
+                "window",
+                "flag_bits",
+                "local_norope",
+                "local_no_theta",
+                "zero_dim",
+                "over_limit",
+                "dim32",
+                "hidden32",
+                "heads_divide",
+                "kv_divide",
+                "odd_head_dim",
+                "q_dim32",
+                "q_dim_limit",
+                "vocab",
+            ]
+        )
+    )
     F, S = "ML_E_FORMAT", "ML_E_SHAPE"
     nflags = None if flags is None else list(flags)
     if kind == "magic":
@@ -214,8 +249,14 @@ def violation(draw, h: dict, flags):
     if kind == "rope_type":
         return kind, {"rope_type": draw(st.integers(4, 2**32 - 1))}, None, F
     if kind == "llama3":
-        ch = {"rope_type": 1, "rope_factor": 2.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
-              "rope_orig_max_seq": 64, "rope_attn_factor": 0.0}
+        ch = {
+            "rope_type": 1,
+            "rope_factor": 2.0,
+            "rope_low_freq_factor": 1.0,
+            "rope_high_freq_factor": 4.0,
+            "rope_orig_max_seq": 64,
+            "rope_attn_factor": 0.0,
+        }
         which = draw(st.sampled_from(["factor", "lo", "hi", "orig"]))
         if which == "factor":
             ch["rope_factor"] = draw(bad_pos)
@@ -229,8 +270,14 @@ def violation(draw, h: dict, flags):
     if kind == "linear":
         return kind, {"rope_type": 2, "rope_factor": draw(bad_pos), "rope_attn_factor": 0.0}, None, F
     if kind == "yarn":
-        ch = {"rope_type": 3, "rope_factor": 4.0, "rope_low_freq_factor": 32.0, "rope_high_freq_factor": 1.0,
-              "rope_orig_max_seq": 64, "rope_attn_factor": 1.1}
+        ch = {
+            "rope_type": 3,
+            "rope_factor": 4.0,
+            "rope_low_freq_factor": 32.0,
+            "rope_high_freq_factor": 1.0,
+            "rope_orig_max_seq": 64,
+            "rope_attn_factor": 1.1,
+        }
         which = draw(st.sampled_from(["factor", "slow", "order", "orig", "attn"]))
         if which == "factor":
             ch["rope_factor"] = draw(bad_pos)
@@ -245,8 +292,16 @@ def violation(draw, h: dict, flags):
         return f"yarn.{which}", ch, None, F
     if kind == "attn_factor":
         rope = draw(st.sampled_from([0, 2]))
-        return kind, {"rope_type": rope, "rope_factor": 2.0,
-                      "rope_attn_factor": draw(st.sampled_from([1.0, -1.0, NAN, 1e-30]))}, None, F
+        return (
+            kind,
+            {
+                "rope_type": rope,
+                "rope_factor": 2.0,
+                "rope_attn_factor": draw(st.sampled_from([1.0, -1.0, NAN, 1e-30])),
+            },
+            None,
+            F,
+        )
     if kind == "bool":
         name = draw(st.sampled_from(BOOLS))
         return f"bool.{name}", {name: draw(big_u32)}, None, F
@@ -275,8 +330,9 @@ def violation(draw, h: dict, flags):
         name = draw(st.sampled_from(["dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"]))
         return f"zero.{name}", {name: 0}, None, S
     if kind == "over_limit":
-        name = draw(st.sampled_from(["dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "vocab",
-                                     "max_seq"]))
+        name = draw(
+            st.sampled_from(["dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "vocab", "max_seq"])
+        )
         lim = 2**24 if name in ("vocab", "max_seq") else 65536
         v = draw(st.integers(lim + 1, 2**32 - 1))
         if name in ("dim", "hidden_dim"):
@@ -302,13 +358,14 @@ def violation(draw, h: dict, flags):
     return kind, {"vocab": draw(st.integers(0, 2))}, None, S
 
 
-@settings(max_examples=300, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(data=st.data())
 def test_one_seed_violation_gives_the_seed_status(valid_model_strategy, scratch, data):
     h, flags = data.draw(valid_model_strategy, label="model")
     fl = bytes(flags) if flags is not None else None
-    body = bytes(layout.required_size(h, fl) - 256)   # zero quants and scales are valid
+    body = bytes(layout.required_size(h, fl) - 256)  # zero quants and scales are valid
     ok = _load_bytes(scratch, layout.pack_header(h) + _with_flags(fl, body))
     assert ok.status == "ML_OK", ok
     what, changes, new_flags, status = data.draw(violation(h, flags), label="violation")
@@ -321,4 +378,4 @@ def test_one_seed_violation_gives_the_seed_status(valid_model_strategy, scratch,
 def _with_flags(fl: bytes | None, body: bytes) -> bytes:
     if fl is None:
         return body
-    return fl + body[len(fl):]
+    return fl + body[len(fl) :]

@@ -30,8 +30,22 @@ X86 = platform.machine() in ("x86_64", "AMD64")
 def _compile(out: Path, *defines: str) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is needed to build the test library")
-    cmd = ["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", *defines,
-           "-I", str(HEADER.parent), str(CRASH_C), "-o", str(out)]
+    cmd = [
+        "gcc",
+        "-std=c11",
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-shared",
+        "-fPIC",
+        *defines,
+        "-I",
+        str(HEADER.parent),
+        str(CRASH_C),
+        "-o",
+        str(out),
+    ]
     r = subprocess.run(cmd, capture_output=True, encoding="utf-8")
     assert r.returncode == 0, r.stderr
     return out
@@ -40,20 +54,29 @@ def _compile(out: Path, *defines: str) -> Path:
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("libs")
-    return {"crash": _compile(d / "libbroken.so"),
-            "tok": _compile(d / "libbroken_tok.so", "-DWITH_TOKENIZER")}
+    return {
+        "crash": _compile(d / "libbroken.so"),
+        "tok": _compile(d / "libbroken_tok.so", "-DWITH_TOKENIZER"),
+    }
 
 
 def _isolation_case(name: str) -> Case:
     """A loader case whose file name makes examples/crash/crash.c segfault or hang."""
     fx = Fixture(file=f"isolation/{name}.mlb", kind="malformed", expected="ML_E_FORMAT", rule="isolation")
-    return Case(f"loader/isolation/{name}", "loader", "load", "tests/test_native_backend.py", "status",
-                {"fixture": fx}, "ML_E_FORMAT")
+    return Case(
+        f"loader/isolation/{name}",
+        "loader",
+        "load",
+        "tests/test_native_backend.py",
+        "status",
+        {"fixture": fx},
+        "ML_E_FORMAT",
+    )
 
 
 def test_crash_and_hang_become_outcomes_and_the_run_goes_on(libs, tmp_path):
     b = get(f"lib:{libs['crash']}")
-    b.timeout = 10   # the hang waits this out; the other cases must finish within it on a loaded machine
+    b.timeout = 10  # the hang waits this out; the other cases must finish within it on a loaded machine
     loader = cases.collect(["loader", "header"], "format.magic or io.open or format.version or q8_min")
     sel = [loader[0], _isolation_case("crash"), *loader[1:4], _isolation_case("hang"), *loader[4:]]
     work = runner.Workdir(tmp_path / "work")
@@ -76,6 +99,7 @@ def test_crash_and_hang_become_outcomes_and_the_run_goes_on(libs, tmp_path):
             assert r.outcome == "fail" and r.got == "ML_OK", r
     assert b.epoch == 3  # the first worker, one after the crash, one after the timeout
     from mlconf.cli import summary_table
+
     assert summary_table(results).splitlines()[0].split()[-3:] == ["crash", "timeout", "total"]
 
 
@@ -113,7 +137,7 @@ def test_file_paths_are_relative_to_the_callers_cwd(tmp_path, monkeypatch):
     relative path still names the caller's file, and the reason names it as it was given."""
     b = get("native")
     try:
-        b.load(str(GOLDEN_DIR / "logits" / "llama.mlb"))           # the worker is up, in this cwd
+        b.load(str(GOLDEN_DIR / "logits" / "llama.mlb"))  # the worker is up, in this cwd
         shutil.copy(GOLDEN_DIR / "logits" / "llama.mlb", tmp_path / "m.mlb")
         (tmp_path / "e.mlb").write_bytes(b"")
         monkeypatch.chdir(tmp_path)
@@ -170,16 +194,18 @@ def test_cdef_declares_the_header():
 @pytest.fixture(scope="module")
 def native():
     if not LIBRARY.exists():
-        pytest.fail(f"{LIBRARY} is not built: pip install . builds it; "
-                    "python backends/native/build.py rebuilds it")
+        pytest.fail(
+            f"{LIBRARY} is not built: pip install . builds it; python backends/native/build.py rebuilds it"
+        )
     return get("native")
 
 
 def test_native_is_built_in_and_listed(native):
     assert "native" in builtin_names()
     assert {"load", "quantize_q8_0", "forward"} <= native.capabilities
-    r = subprocess.run([sys.executable, "-m", "mlconf.cli", "backends"], capture_output=True,
-                       encoding="utf-8", timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "mlconf.cli", "backends"], capture_output=True, encoding="utf-8", timeout=120
+    )
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("native "))
     assert row.split()[1:3] == ["yes", "yes"]  # load, quantize_q8_0
@@ -190,8 +216,11 @@ def test_native_is_built_in_and_listed(native):
 def test_native_passes_header_loader_quant_like_the_reference(native, which):
     b = native if which == "native" else get(f"lib:{LIBRARY}")
     results = runner.run(cases.collect(["header", "loader", "quant"]), [b])
-    bad = [f"{r.outcome} {r.case}: {r.detail}" for r in results
-           if not (r.outcome == "pass" or (r.outcome == "unsupported" and "q4_0" in r.case))]
+    bad = [
+        f"{r.outcome} {r.case}: {r.detail}"
+        for r in results
+        if not (r.outcome == "pass" or (r.outcome == "unsupported" and "q4_0" in r.case))
+    ]
     assert not bad, f"{len(bad)} of {len(results)}:\n" + "\n".join(bad[:40])
 
 
@@ -233,14 +262,14 @@ def test_model_sessions(native):
     again = np.concatenate([s.forward(np.array([t]), i) for i, t in enumerate([1, 2, 3])])
     np.testing.assert_allclose(again, logits, rtol=1e-4, atol=1e-4)
     with pytest.raises(InputError, match="ML_E_ARG"):
-        s.forward(np.array([s.vocab]), 3)           # a token outside the vocabulary
+        s.forward(np.array([s.vocab]), 3)  # a token outside the vocabulary
     with pytest.raises(InputError, match="ML_E_ARG"):
-        s.forward(np.array([1] * 6), 3)              # beyond ctx 8
-    native.close()                                   # the worker ends: the session is gone
+        s.forward(np.array([1] * 6), 3)  # beyond ctx 8
+    native.close()  # the worker ends: the session is gone
     with pytest.raises(BackendError, match="worker that held it has ended"):
         s.forward(np.array([1]), 3)
-    s.close()                                        # never raises, even then
-    assert native.load(str(model)).ok                # a fresh worker
+    s.close()  # never raises, even then
+    assert native.load(str(model)).ok  # a fresh worker
 
 
 def test_quantizer_refusals_name_the_problem(native):

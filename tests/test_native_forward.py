@@ -51,8 +51,9 @@ def lib(tmp_path_factory):
         pytest.skip(f"native runtime incomplete: backends/native/src lacks {', '.join(missing)}")
     cffi = pytest.importorskip("cffi")
     out = tmp_path_factory.mktemp("native") / "libmlrt.so"
-    r = subprocess.run([sys.executable, str(NATIVE / "build.py"), str(out)], capture_output=True,
-                       encoding="utf-8")
+    r = subprocess.run(
+        [sys.executable, str(NATIVE / "build.py"), str(out)], capture_output=True, encoding="utf-8"
+    )
     assert r.returncode == 0, f"build.py failed:\n{r.stdout}{r.stderr}"
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
@@ -74,9 +75,14 @@ class Native:
         t = np.ascontiguousarray(tokens, dtype=np.int32)
         n = len(t) if n is None else n
         logits = np.full((max(len(t), 1), self.vocab), np.nan, np.float32)
-        st = self.lib.ml_forward(self.m, self.ffi.from_buffer("int32_t[]", t) if len(t) else self.ffi.NULL,
-                                 n, pos, self.ffi.from_buffer("float[]", logits))
-        return st, logits[:len(t)]
+        st = self.lib.ml_forward(
+            self.m,
+            self.ffi.from_buffer("int32_t[]", t) if len(t) else self.ffi.NULL,
+            n,
+            pos,
+            self.ffi.from_buffer("float[]", logits),
+        )
+        return st, logits[: len(t)]
 
     def forward(self, tokens, pos: int) -> np.ndarray:
         st, logits = self.call(tokens, pos)
@@ -109,8 +115,9 @@ def fixture(fixture_dir: Path, name: str, n: int = 24) -> tuple[Path, np.ndarray
     return path, (np.arange(min(n, h["max_seq"])) * 7 + 1) % h["vocab"]
 
 
-def check_close(got: np.ndarray, want: np.ndarray, what: str, nmse: float = NMSE_GOLDEN,
-                argmax: bool = False) -> dict:
+def check_close(
+    got: np.ndarray, want: np.ndarray, what: str, nmse: float = NMSE_GOLDEN, argmax: bool = False
+) -> dict:
     d = distances(got, want)
     print(f"{what}: nmse {d['nmse']:.3g} max_abs {d['max_abs']:.3g} argmax {d.get('argmax', 1):.2f}")
     assert np.isfinite(got).all(), what
@@ -150,8 +157,12 @@ def test_long_prompt_across_chunks_and_small_ctx(lib):
     path, toks = golden("gemma2_softcap")  # windowed layers, a ctx of 12
     small = Native(lib, path, ctx=12)
     assert small.lib.ml_ctx(small.m) == 12
-    check_close(small.forward(toks[:12], 0), Forward(mlb.read(path), ctx=12).forward(toks[:12], 0), "ctx 12",
-                NMSE_STEP)
+    check_close(
+        small.forward(toks[:12], 0),
+        Forward(mlb.read(path), ctx=12).forward(toks[:12], 0),
+        "ctx 12",
+        NMSE_STEP,
+    )
 
 
 # ---------------------------------------------------------------- incremental decoding, threads
@@ -161,7 +172,7 @@ def test_one_token_at_a_time_equals_batched(lib, name):
     nat = Native(lib, path)
     batched = nat.forward(toks, 0)
     nat.reset()
-    single = np.concatenate([nat.forward(toks[i:i + 1], i) for i in range(len(toks))])
+    single = np.concatenate([nat.forward(toks[i : i + 1], i) for i in range(len(toks))])
     assert np.array_equal(single, batched), f"{name}: differs by {np.abs(single - batched).max():.3g}"
     nat.reset()  # after a reset the state is that of a fresh model
     assert np.array_equal(nat.forward(toks, 0), batched)
@@ -172,9 +183,9 @@ def test_rewind_recomputes_from_pos(lib):
     path, toks = golden("mistral_q4_search")
     nat = Native(lib, path)
     batched = nat.forward(toks, 0)
-    nat.forward(toks[:5], 0)              # filled 20 -> 5
+    nat.forward(toks[:5], 0)  # filled 20 -> 5
     check_close(nat.forward(toks[5:], 5), batched[5:], "rewound to 5")
-    other = (toks[12:] + 1) % nat.vocab   # overwrite positions 12.. with other tokens, then back
+    other = (toks[12:] + 1) % nat.vocab  # overwrite positions 12.. with other tokens, then back
     nat.forward(other, 12)
     check_close(nat.forward(toks[12:], 12), batched[12:], "rewound to 12 after other tokens")
 
@@ -284,8 +295,10 @@ def test_forward_last_is_the_last_row_of_forward(lib, name):
             st = fn(m[0], ffi.from_buffer("int32_t[]", t[:n]), n, 0, ffi.from_buffer("float[]", out))
             assert st == ML_OK
             nxt = np.zeros(vocab, np.float32)  # the state after it: the next token's logits
-            assert L.ml_forward(m[0], ffi.from_buffer("int32_t[]", t[n:]), 1, n,
-                                ffi.from_buffer("float[]", nxt)) == ML_OK
+            assert (
+                L.ml_forward(m[0], ffi.from_buffer("int32_t[]", t[n:]), 1, n, ffi.from_buffer("float[]", nxt))
+                == ML_OK
+            )
             L.ml_free(m[0])
             rows.append((out.reshape(-1, vocab)[-1].copy(), nxt))
         assert rows[0][0].tobytes() == rows[1][0].tobytes(), name

@@ -37,11 +37,15 @@ def test_fuzz_target_runs_clean(target, ext, corpus, tmp_path):
         pytest.skip(f"no libFuzzer build here: {str(e).strip().splitlines()[-1][:200]}")
     work = tmp_path / "new"
     work.mkdir()
-    regressions = build.FUZZ / "regressions" / target      # what libFuzzer found before: run first
+    regressions = build.FUZZ / "regressions" / target  # what libFuzzer found before: run first
     dirs = [str(work), str(corpus / ext), *([str(regressions)] if regressions.is_dir() else [])]
-    r = subprocess.run([str(exe), f"-dict={build.FUZZ / (ext + '.dict')}", "-runs=3000", "-seed=1",
-                        "-max_len=65536", *dirs],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    r = subprocess.run(
+        [str(exe), f"-dict={build.FUZZ / (ext + '.dict')}", "-runs=3000", "-seed=1", "-max_len=65536", *dirs],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     done = re.search(r"Done (\d+) runs", r.stderr)  # libFuzzer may finish a mutation round past -runs
     assert done and int(done.group(1)) >= 3000, r.stderr[-3000:]

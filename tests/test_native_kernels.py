@@ -52,8 +52,11 @@ MACHINE = platform.machine()
 X86 = MACHINE in ("x86_64", "AMD64")
 ARM = MACHINE in ("aarch64", "arm64")
 # The ISAs this machine's build can have; one not runnable on this CPU is skipped with a reason.
-ISAS = (["scalar"] + (["avx512", "avxvnni", "avx2"] if X86 else [])      # best first (src/dispatch.c)
-        + (["neon-dotprod", "neon"] if ARM else []))
+ISAS = (
+    ["scalar"]
+    + (["avx512", "avxvnni", "avx2"] if X86 else [])  # best first (src/dispatch.c)
+    + (["neon-dotprod", "neon"] if ARM else [])
+)
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
 CDEF = """
 int mlrt_test_kernel(const char *isa, const char *op, int n, const void *a, const void *b,
@@ -85,9 +88,16 @@ class Kernels:
         out = np.zeros(max(out_bytes, 4), dtype=np.uint8)
         keep = [np.ascontiguousarray(v) if v is not None else None for v in (a, b, ad, bd)]
         ptrs = [self.ffi.NULL if v is None else self.ffi.from_buffer(v) for v in keep]
-        rc = self.lib.mlrt_test_kernel(isa.encode(), op.encode(), n, ptrs[0], ptrs[1],
-                                       self.ffi.cast("const float *", ptrs[2]),
-                                       self.ffi.cast("const float *", ptrs[3]), self.ffi.from_buffer(out))
+        rc = self.lib.mlrt_test_kernel(
+            isa.encode(),
+            op.encode(),
+            n,
+            ptrs[0],
+            ptrs[1],
+            self.ffi.cast("const float *", ptrs[2]),
+            self.ffi.cast("const float *", ptrs[3]),
+            self.ffi.from_buffer(out),
+        )
         return rc, out
 
     def runnable(self, isa):
@@ -99,13 +109,13 @@ class Kernels:
         n = x.size
         rc, out = self.call(isa, "quantize_q8_0", n, x, out_bytes=n + 4 * (n // BLOCK))
         assert rc == ML_OK
-        return out[:n].view(np.int8).copy(), out[n:n + 4 * (n // BLOCK)].view(np.float32).copy()
+        return out[:n].view(np.int8).copy(), out[n : n + 4 * (n // BLOCK)].view(np.float32).copy()
 
     def isums(self, isa, fmt, w, x):
         n = x.size
         rc, out = self.call(isa, f"isums_{fmt}", n, w, x, out_bytes=4 * (n // BLOCK))
         assert rc == ML_OK
-        return out[:4 * (n // BLOCK)].view(np.int32).copy()
+        return out[: 4 * (n // BLOCK)].view(np.int32).copy()
 
     def dot(self, isa, fmt, w, wd, x, xd):
         rc, out = self.call(isa, f"dot_{fmt}", x.size, w, x, wd, xd)
@@ -119,11 +129,19 @@ class Kernels:
         out = np.zeros((nt, rows), np.float32)
         keep = [np.ascontiguousarray(v) for v in (w, wd, x, xd)]
         f = self.ffi.from_buffer
-        rc = self.lib.mlrt_test_gemm8(isa.encode(), 1 if fmt == "q8_0" else 2, rows, cols, nt, f(keep[0]),
-                                      self.ffi.cast("const float *", f(keep[1])), int(wd_f16),
-                                      self.ffi.cast("const int8_t *", f(keep[2])),
-                                      self.ffi.cast("const float *", f(keep[3])),
-                                      self.ffi.cast("float *", f(out)))
+        rc = self.lib.mlrt_test_gemm8(
+            isa.encode(),
+            1 if fmt == "q8_0" else 2,
+            rows,
+            cols,
+            nt,
+            f(keep[0]),
+            self.ffi.cast("const float *", f(keep[1])),
+            int(wd_f16),
+            self.ffi.cast("const int8_t *", f(keep[2])),
+            self.ffi.cast("const float *", f(keep[3])),
+            self.ffi.cast("float *", f(out)),
+        )
         assert rc == ML_OK, f"mlrt_test_gemm8 {isa} {fmt}: status {rc}"
         return out
 
@@ -212,8 +230,13 @@ def test_mlrt_isa_sets_the_first_choice_of_both_libraries(kern, value, tmp_path)
     libs = [build.build(tmp_path / "libmlrt.so"), build.build(tmp_path / "libmlbitnet.so", lib="mlbitnet")]
 
     def probe(env):
-        return subprocess.run([sys.executable, "-c", ENV_ISA_PROBE, *map(str, libs)], env=env,
-                              capture_output=True, encoding="utf-8", check=True).stdout.split()
+        return subprocess.run(
+            [sys.executable, "-c", ENV_ISA_PROBE, *map(str, libs)],
+            env=env,
+            capture_output=True,
+            encoding="utf-8",
+            check=True,
+        ).stdout.split()
 
     unset = probe({k: v for k, v in os.environ.items() if k != "MLRT_ISA"})
     assert unset[0] == next(i for i in ISAS[1:] + ["scalar"] if kern.runnable(i))
@@ -234,7 +257,7 @@ def test_clang_builds_both_libraries_with_the_same_kernels(kern, tmp_path, monke
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
     clang = Kernels(ffi, ffi.dlopen(str(so)))
-    x = np.random.default_rng(5).integers(-2**20, 2**20, (64, BLOCK)) * np.float32(2.0**-12)
+    x = np.random.default_rng(5).integers(-(2**20), 2**20, (64, BLOCK)) * np.float32(2.0**-12)
     for isa in ISAS:
         assert clang.runnable(isa) == kern.runnable(isa), isa
         if kern.runnable(isa):
@@ -260,14 +283,22 @@ def assert_quant_matches_reference(kern, isa, x: np.ndarray, what: str = "") -> 
     want_d = want_d.ravel()
     q, d = kern.quantize(isa, x)
     q = q.reshape(-1, BLOCK)
-    bad = [i for i in range(len(x))
-           if q[i].tobytes() != want_q[i].tobytes() or d[i].tobytes() != want_d[i].tobytes()]
+    bad = [
+        i
+        for i in range(len(x))
+        if q[i].tobytes() != want_q[i].tobytes() or d[i].tobytes() != want_d[i].tobytes()
+    ]
     if bad:
         i = bad[0]
-        diff = [(j, float(x[i, j]).hex(), int(q[i, j]), int(want_q[i, j]))
-                for j in range(BLOCK) if q[i, j] != want_q[i, j]][:4]
-        pytest.fail(f"{isa} quantize_q8_0 {what}: {len(bad)} of {len(x)} blocks differ from the reference; "
-                    f"block {i}: d {float(d[i]).hex()} vs {float(want_d[i]).hex()}, (j, x, q, want) {diff}")
+        diff = [
+            (j, float(x[i, j]).hex(), int(q[i, j]), int(want_q[i, j]))
+            for j in range(BLOCK)
+            if q[i, j] != want_q[i, j]
+        ][:4]
+        pytest.fail(
+            f"{isa} quantize_q8_0 {what}: {len(bad)} of {len(x)} blocks differ from the reference; "
+            f"block {i}: d {float(d[i]).hex()} vs {float(want_d[i]).hex()}, (j, x, q, want) {diff}"
+        )
 
 
 def _hex_block(spec) -> np.ndarray:
@@ -288,8 +319,9 @@ def test_quantize_spec_edge_cases(kern, isa, case):
     """specs/quant.yaml's hand-derived q8_0 blocks: the expected bytes, on every ISA."""
     x = _hex_block(case["x"])
     want_q = _hex_block(case["expect"]["q"]).astype(np.int8)
-    want_d = np.float32(float.fromhex(case["expect"]["d"]) if isinstance(case["expect"]["d"], str)
-                        else case["expect"]["d"])
+    want_d = np.float32(
+        float.fromhex(case["expect"]["d"]) if isinstance(case["expect"]["d"], str) else case["expect"]["d"]
+    )
     q, d = kern.quantize(isa, x)
     assert d.tobytes() == want_d.tobytes(), f"d {float(d[0]).hex()} vs {float(want_d).hex()}"
     assert q.tobytes() == want_q.tobytes()
@@ -309,20 +341,23 @@ def edge_blocks() -> np.ndarray:
 
     put(0.0)
     put(-0.0, {3: 0.0})
-    put(h("0x1p-149"), {5: h("-0x1p-140"), 9: -0.0})             # subnormals only: d = 0
-    put(0.0, {3: h("0x1.4484cp-100")})                          # amax = float32(1e-30): quantized
-    put(0.0, {3: h("-0x1.4484bep-100"), 4: h("0x1p-149")})      # just below 1e-30: zeros
+    put(h("0x1p-149"), {5: h("-0x1p-140"), 9: -0.0})  # subnormals only: d = 0
+    put(0.0, {3: h("0x1.4484cp-100")})  # amax = float32(1e-30): quantized
+    put(0.0, {3: h("-0x1.4484bep-100"), 4: h("0x1p-149")})  # just below 1e-30: zeros
     put(h("0x1.fffffep-2"), {0: 127.0, 1: h("-0x1.fffffep-2")})  # x*id = 0.5 - 2^-25 -> q = 1
     put(0.0, {j: (j - 15.5) * (1 if j % 2 else -1) for j in range(BLOCK)} | {31: 127.0})  # ties, id = 1
-    put(F32_MAX, {1: -F32_MAX, 2: 1.0, 3: -0.0})                  # huge
+    put(F32_MAX, {1: -F32_MAX, 2: 1.0, 3: -0.0})  # huge
     put(0.0, {j: (F32_MAX if j % 2 else -F32_MAX) / (j + 1) for j in range(BLOCK)})
     put(0.0, {j: (-1) ** j * 2.0 ** (j - 16) for j in range(BLOCK)})  # 32 binades in one block
-    put(h("0x1p-126"), {7: 3.0, 8: h("-0x1p-149"), 9: -0.0})      # subnormals beside a normal amax
-    put(1.0, {9: -1.0})                                          # every |x| = amax
+    put(h("0x1p-126"), {7: 3.0, 8: h("-0x1p-149"), 9: -0.0})  # subnormals beside a normal amax
+    put(1.0, {9: -1.0})  # every |x| = amax
     # x * id = k + 0.5 exactly, for amax = 127 * 2^e (id a power of two)
     for e in (-60, -1, 0, 3, 40):
-        put(0.0, {j: math.ldexp((j - 15.5) * 4 + 0.5 * (j % 3), e) for j in range(BLOCK)}
-            | {0: math.ldexp(127.0, e)})
+        put(
+            0.0,
+            {j: math.ldexp((j - 15.5) * 4 + 0.5 * (j % 3), e) for j in range(BLOCK)}
+            | {0: math.ldexp(127.0, e)},
+        )
     out.append(z)
     return np.stack(out)
 
@@ -338,11 +373,14 @@ def seeded_blocks(seed: int, n: int = 2048) -> np.ndarray:
     kind = rng.integers(0, 4, size=(n, 1))
     uniform = rng.uniform(-1, 1, (n, BLOCK))
     wide = rng.uniform(-0.5, 0.5, (n, BLOCK)) * np.exp2(-rng.integers(0, 40, (n, BLOCK)))
-    halves = rng.integers(-254, 255, (n, BLOCK)) / 2.0                # ties when amax = 127
+    halves = rng.integers(-254, 255, (n, BLOCK)) / 2.0  # ties when amax = 127
     bits = rng.integers(0, 2**32, (n, BLOCK), dtype=np.uint64).astype(np.uint32)
     bits = np.where((bits & 0x7F800000) == 0x7F800000, bits & 0xBFFFFFFF, bits).view(np.float32)
-    x = np.where(kind == 0, np.ldexp(uniform, e), np.where(kind == 1, np.ldexp(wide, e),
-                 np.where(kind == 2, halves, bits.astype(np.float64))))
+    x = np.where(
+        kind == 0,
+        np.ldexp(uniform, e),
+        np.where(kind == 1, np.ldexp(wide, e), np.where(kind == 2, halves, bits.astype(np.float64))),
+    )
     with np.errstate(over="ignore"):
         x = x.astype(np.float32)
     return np.where(np.isfinite(x), x, np.float32(F32_MAX)).astype(np.float32)
@@ -377,14 +415,29 @@ def test_quantize_seeded(kern, isa, seed):
 
 
 _F32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
-_ELEMENT = st.one_of(_F32, st.integers(-254, 254).map(lambda i: i / 2.0),
-                     st.sampled_from([0.0, -0.0, 127.0, -127.0, float.fromhex("0x1.fffffep-2"),
-                                      float.fromhex("0x1p-149"), F32_MAX, -F32_MAX]))
+_ELEMENT = st.one_of(
+    _F32,
+    st.integers(-254, 254).map(lambda i: i / 2.0),
+    st.sampled_from(
+        [
+            0.0,
+            -0.0,
+            127.0,
+            -127.0,
+            float.fromhex("0x1.fffffep-2"),
+            float.fromhex("0x1p-149"),
+            F32_MAX,
+            -F32_MAX,
+        ]
+    ),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(x=hnp.arrays(np.float32, st.integers(1, 6).map(lambda k: BLOCK * k), elements=_ELEMENT),
-       scale=st.sampled_from([1.0, 2.0**-100, 2.0**-20, 2.0**30]))
+@given(
+    x=hnp.arrays(np.float32, st.integers(1, 6).map(lambda k: BLOCK * k), elements=_ELEMENT),
+    scale=st.sampled_from([1.0, 2.0**-100, 2.0**-20, 2.0**30]),
+)
 def test_quantize_hypothesis(kern, x, scale):
     with np.errstate(over="ignore"):
         x = (x * np.float32(scale)).astype(np.float32)
@@ -479,8 +532,16 @@ def test_dot4_equals_single_row_dots(kern, isa):
     for a in (127, -127):  # the largest sums; Q4_0 nibbles 0 (-8) and 15 (7)
         w4 = np.full(9 * 16, 0x00 if a > 0 else 0xFF, np.uint8)
         x4 = np.stack([np.full(9 * BLOCK, v, np.int8) for v in (127, -127, 127, -127)])
-        cases.append((f"extremes {a}", np.full(9 * BLOCK, a, np.int8), w4, np.ones(9, np.float32), x4,
-                      np.ones((4, 9), np.float32)))
+        cases.append(
+            (
+                f"extremes {a}",
+                np.full(9 * BLOCK, a, np.int8),
+                w4,
+                np.ones(9, np.float32),
+                x4,
+                np.ones((4, 9), np.float32),
+            )
+        )
     for what, w8, w4, wd, x4, xd4 in cases:
         for fmt, w in (("q8_0", w8), ("q4_0", w4)):
             got = kern.dot4(isa, fmt, w, wd, x4, xd4)
@@ -503,8 +564,18 @@ def test_gemm8_equals_single_row_dots(kern, isa):
         pytest.skip(f"{isa} has no packed GEMM: forward.c runs dot4 on the rows as stored")
     rng = np.random.default_rng(17)
     cases = []
-    for nb, nt, rows in ((1, 1, 8), (2, 3, 8), (3, 4, 16), (4, 5, 8), (5, 2, 8), (7, 9, 24), (8, 1, 8),
-                         (13, 7, 16), (18, 64, 8), (67, 6, 8)):
+    for nb, nt, rows in (
+        (1, 1, 8),
+        (2, 3, 8),
+        (3, 4, 16),
+        (4, 5, 8),
+        (5, 2, 8),
+        (7, 9, 24),
+        (8, 1, 8),
+        (13, 7, 16),
+        (18, 64, 8),
+        (67, 6, 8),
+    ):
         w8 = rng.integers(-127, 128, (rows, nb * BLOCK)).astype(np.int8)
         w4 = rng.integers(0, 256, (rows, nb * BLOCK // 2)).astype(np.uint8)
         x = rng.integers(-127, 128, (nt, nb * BLOCK)).astype(np.int8)
@@ -513,9 +584,16 @@ def test_gemm8_equals_single_row_dots(kern, isa):
         cases.append((f"random nb={nb} nt={nt} rows={rows}", w8, w4, wd, x, xd))
     for a in (127, -127):  # the largest sums; Q4_0 nibbles 0 (-8) and 15 (7)
         x = np.stack([np.full(9 * BLOCK, v, np.int8) for v in (127, -127, 127, -127, 127)])
-        cases.append((f"extremes {a}", np.full((8, 9 * BLOCK), a, np.int8),
-                      np.full((8, 9 * 16), 0x00 if a > 0 else 0xFF, np.uint8), np.ones((8, 9), np.float32), x,
-                      np.ones((5, 9), np.float32)))
+        cases.append(
+            (
+                f"extremes {a}",
+                np.full((8, 9 * BLOCK), a, np.int8),
+                np.full((8, 9 * 16), 0x00 if a > 0 else 0xFF, np.uint8),
+                np.ones((8, 9), np.float32),
+                x,
+                np.ones((5, 9), np.float32),
+            )
+        )
     for what, w8, w4, wd, x, xd in cases:
         for f16 in (False, True):
             if f16:  # f16 values, subnormals included
@@ -532,8 +610,16 @@ def test_gemm8_equals_single_row_dots(kern, isa):
 def _attn(kern, isa, op, nk, hd, stride, a, kv):
     out = np.zeros(max(nk if op != "wsum_f32" else hd, 1), np.float32)
     f, c = kern.ffi.from_buffer, kern.ffi.cast
-    rc = kern.lib.mlrt_test_attn(isa.encode(), op.encode(), nk, hd, stride, c("const float *", f(a)),
-                                 c("const float *", f(kv)), c("float *", f(out)))
+    rc = kern.lib.mlrt_test_attn(
+        isa.encode(),
+        op.encode(),
+        nk,
+        hd,
+        stride,
+        c("const float *", f(a)),
+        c("const float *", f(kv)),
+        c("float *", f(out)),
+    )
     assert rc == ML_OK, f"mlrt_test_attn {isa} {op}: status {rc}"
     return out[: nk if op != "wsum_f32" else hd]
 
@@ -550,8 +636,10 @@ def test_attention_kernels_equal_the_scalar_twin(kern, isa):
             kv = rng.standard_normal(max(nk, 1) * stride).astype(np.float32)
             w = rng.uniform(0, 1, max(nk, 1)).astype(np.float32)
             keys = kv[: nk * stride].reshape(nk, stride)[:, :hd].astype(np.float64)
-            for op, a, exact in (("scores_f32", q, keys @ q.astype(np.float64)),
-                                 ("wsum_f32", w, w[:nk].astype(np.float64) @ keys)):
+            for op, a, exact in (
+                ("scores_f32", q, keys @ q.astype(np.float64)),
+                ("wsum_f32", w, w[:nk].astype(np.float64) @ keys),
+            ):
                 got = _attn(kern, isa, op, nk, hd, stride, a, kv)
                 want = _attn(kern, "scalar", op, nk, hd, stride, a, kv)
                 tag = f"{isa} {op} nk={nk} hd={hd} stride={stride}"
@@ -563,9 +651,13 @@ def test_exp_le0_is_within_one_ulp_of_exp(kern):
     """ml_exp_le0 (the softmax's exp, one polynomial on every table) on a dense sweep of [-87, 0]
     and the edges: within 1 ulp of the float64 exp; 0 below -87 and at -inf, 1 at +-0, NaN kept."""
     rng = np.random.default_rng(23)
-    x = np.concatenate([np.linspace(-87, 0, 200_001, dtype=np.float32),
-                        -rng.exponential(3, 100_000).astype(np.float32),
-                        np.float32([-0.0, 0.0, -1e-30, -87.0, -86.99999, -87.00001, -1e4, -np.inf, np.nan])])
+    x = np.concatenate(
+        [
+            np.linspace(-87, 0, 200_001, dtype=np.float32),
+            -rng.exponential(3, 100_000).astype(np.float32),
+            np.float32([-0.0, 0.0, -1e-30, -87.0, -86.99999, -87.00001, -1e4, -np.inf, np.nan]),
+        ]
+    )
     got = _attn(kern, "scalar", "exp", len(x), 0, 0, x, np.zeros(1, np.float32))
     want = np.exp(x.astype(np.float64))
     live = x >= -87
@@ -598,9 +690,19 @@ def test_softmax_equals_the_scalar_twin(kern, isa):
 
 def test_gemm8_refuses_rows_not_in_groups(kern):
     """The hook packs whole groups of 8 rows only (forward.c sends the rest through dot)."""
-    rc = kern.lib.mlrt_test_gemm8(b"scalar", 1, 12, 32, 1, kern.ffi.new("int8_t[]", 12 * 32),
-                                  kern.ffi.new("float[]", 12), 0, kern.ffi.new("int8_t[]", 32),
-                                  kern.ffi.new("float[]", 1), kern.ffi.new("float[]", 12))
+    rc = kern.lib.mlrt_test_gemm8(
+        b"scalar",
+        1,
+        12,
+        32,
+        1,
+        kern.ffi.new("int8_t[]", 12 * 32),
+        kern.ffi.new("float[]", 12),
+        0,
+        kern.ffi.new("int8_t[]", 32),
+        kern.ffi.new("float[]", 1),
+        kern.ffi.new("float[]", 12),
+    )
     assert rc == ML_E_ARG
 
 
@@ -624,9 +726,15 @@ def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: li
     return out
 
 
-NEON_SOURCES = [(NATIVE / "tests" / "neon_main.c", []), (SRC / "kern_scalar.c", []), (SRC / "dispatch.c", []),
-                (SRC / "cpu.c", []), (SRC / "f16.c", []), (SRC / "kern_neon.c", []),
-                (SRC / "kern_neon_dotprod.c", ["-march=armv8.2-a+dotprod"])]
+NEON_SOURCES = [
+    (NATIVE / "tests" / "neon_main.c", []),
+    (SRC / "kern_scalar.c", []),
+    (SRC / "dispatch.c", []),
+    (SRC / "cpu.c", []),
+    (SRC / "f16.c", []),
+    (SRC / "kern_neon.c", []),
+    (SRC / "kern_neon_dotprod.c", ["-march=armv8.2-a+dotprod"]),
+]
 
 
 @pytest.fixture(scope="module")
@@ -637,19 +745,24 @@ def neon_driver(tmp_path_factory) -> list[str]:
         return [str(exe)]
     missing = [t for t in ("aarch64-linux-gnu-gcc", "qemu-aarch64") if shutil.which(t) is None]
     if missing:
-        pytest.skip(f"NEON kernels untested: {', '.join(missing)} not found "
-                    "(apt-get install gcc-aarch64-linux-gnu qemu-user)")
-    exe = _compile("aarch64-linux-gnu-gcc", tmp_path_factory.mktemp("neon") / "neon_main", NEON_SOURCES,
-                   ["-static"])
+        pytest.skip(
+            f"NEON kernels untested: {', '.join(missing)} not found "
+            "(apt-get install gcc-aarch64-linux-gnu qemu-user)"
+        )
+    exe = _compile(
+        "aarch64-linux-gnu-gcc", tmp_path_factory.mktemp("neon") / "neon_main", NEON_SOURCES, ["-static"]
+    )
     return ["qemu-aarch64", str(exe)]
 
 
 # (qemu cpu, driver arguments, tables compared): a dotprod CPU picks neon-dotprod and both tables
 # are compared; a CPU without dotprod picks neon and must not run the dotprod table; ml_set_isa
 # forces plain neon on a dotprod CPU.
-NEON_RUNS = [("max", ["--expect", "neon-dotprod"], ["neon", "neon-dotprod"]),
-             ("cortex-a57", ["--expect", "neon"], ["neon"]),
-             ("max", ["--force", "neon", "--seed", "12345"], ["neon"])]
+NEON_RUNS = [
+    ("max", ["--expect", "neon-dotprod"], ["neon", "neon-dotprod"]),
+    ("cortex-a57", ["--expect", "neon"], ["neon"]),
+    ("max", ["--force", "neon", "--seed", "12345"], ["neon"]),
+]
 
 
 @pytest.mark.parametrize(("cpu", "args", "tables"), NEON_RUNS, ids=["dotprod", "no-dotprod", "forced-neon"])
@@ -664,8 +777,10 @@ def test_neon_kernels(neon_driver, cpu, args, tables):
     out = f"{' '.join(cmd)}\n{r.stdout}{r.stderr}"
     assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), out
     for name in tables:
-        assert any(line.startswith(f"{name}: quantize") and line.endswith(": 0 mismatches")
-                   for line in r.stdout.splitlines()), out
+        assert any(
+            line.startswith(f"{name}: quantize") and line.endswith(": 0 mismatches")
+            for line in r.stdout.splitlines()
+        ), out
 
 
 @pytest.mark.parametrize("table", ["scalar", "neon", "neon-dotprod"])
@@ -679,8 +794,8 @@ def test_neon_quantize_matches_reference(neon_driver, table):
     if r.returncode and b"not runnable" in r.stderr:
         pytest.skip(f"{table} is not runnable on this CPU")
     assert r.returncode == 0, r.stderr.decode()
-    q = np.frombuffer(r.stdout[:x.size], np.int8)
-    d = np.frombuffer(r.stdout[x.size:], np.float32)
+    q = np.frombuffer(r.stdout[: x.size], np.int8)
+    d = np.frombuffer(r.stdout[x.size :], np.float32)
     want_q, want_d = quant.q8_0(x)
     assert d.tobytes() == want_d.tobytes(), f"{table}: scales differ from the reference"
     bad = np.flatnonzero((q.reshape(-1, BLOCK) != want_q).any(axis=1))
@@ -695,9 +810,14 @@ def test_avx2_driver_sanitized(tmp_path):
     san = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
     isa_flags = _load_build_module().ISA_FLAGS
     tables = ("kern_avx2.c", "kern_avxvnni.c", "kern_avx512.c")
-    srcs = [(NATIVE / "tests" / "neon_main.c", san), (SRC / "kern_scalar.c", san), (SRC / "dispatch.c", san),
-            (SRC / "cpu.c", san), (SRC / "f16.c", san),
-            *((SRC / t, [*san, *isa_flags[t][1]]) for t in tables)]
+    srcs = [
+        (NATIVE / "tests" / "neon_main.c", san),
+        (SRC / "kern_scalar.c", san),
+        (SRC / "dispatch.c", san),
+        (SRC / "cpu.c", san),
+        (SRC / "f16.c", san),
+        *((SRC / t, [*san, *isa_flags[t][1]]) for t in tables),
+    ]
     exe = _compile("gcc", tmp_path / "kern_main", srcs, san)
     r = _run([str(exe), "--rounds", "300"])
     if r.returncode and "avx2: not runnable" in r.stdout:

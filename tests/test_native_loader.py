@@ -51,8 +51,9 @@ CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
 CDEF = abi.CDEF  # the ABI declarations, themselves checked against mlrt.h (test_native_backend)
 U32_FIELDS = [(f["name"], f["offset"]) for f in specs.load("mlb_header")["fields"] if f["type"] == "u32"]
 F32_FIELDS = [(f["name"], f["offset"]) for f in specs.load("mlb_header")["fields"] if f["type"] == "f32"]
-HSET = settings(max_examples=120, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+HSET = settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 def _build_module():
@@ -91,8 +92,13 @@ class Native:
         x = np.ascontiguousarray(x, dtype=np.float32)
         q = np.full(x.size, fill, dtype=np.uint8).view(np.int8)
         d = np.full(x.size // 32 * (2 if f16 else 4), fill, dtype=np.uint8)
-        rc = self.lib.ml_quantize_q8_0(self.ffi.from_buffer("float[]", x), x.size, int(f16),
-                                       self.ffi.from_buffer("int8_t[]", q), self.ffi.from_buffer(d))
+        rc = self.lib.ml_quantize_q8_0(
+            self.ffi.from_buffer("float[]", x),
+            x.size,
+            int(f16),
+            self.ffi.from_buffer("int8_t[]", q),
+            self.ffi.from_buffer(d),
+        )
         return rc, q, d.view(np.float16 if f16 else np.float32)
 
 
@@ -133,7 +139,7 @@ def test_every_fixture_gets_the_reference_status_and_rule(native, mlb_fixtures):
     wrong = []
     for f, path in mlb_fixtures:
         ref_status, ref_rule = reference(path)
-        assert ref_status == f.expected, (f.file, ref_status)   # the reference itself: test_mutations.py
+        assert ref_status == f.expected, (f.file, ref_status)  # the reference itself: test_mutations.py
         expect = (f.expected, ref_rule)
         got_check, got_load = native.check(path), native.load(path)
         if got_check != expect or got_load != expect:
@@ -167,12 +173,12 @@ def test_load_arguments(native, mlb_fixtures, tmp_path):
     assert lib.ml_load(ffi.NULL, 1, 1, out, ffi.NULL, 0) == ML_E_ARG
     assert lib.ml_load(os.fsencode(path), 1, 1, ffi.NULL, ffi.NULL, 0) == ML_E_ARG
     assert lib.ml_check(ffi.NULL, ffi.NULL, 0) == ML_E_ARG
-    assert lib.ml_load(os.fsencode(path), 0, 0, out, ffi.NULL, 0) == ML_OK   # 0: max_seq, all cores
+    assert lib.ml_load(os.fsencode(path), 0, 0, out, ffi.NULL, 0) == ML_OK  # 0: max_seq, all cores
     assert (lib.ml_ctx(out[0]), lib.ml_vocab(out[0])) == (h["max_seq"], h["vocab"])
     lib.ml_reset(out[0])
     lib.ml_free(out[0])
     lib.ml_free(ffi.NULL)
-    small = ffi.new("char[8]")   # a short reason buffer is truncated, still NUL-terminated
+    small = ffi.new("char[8]")  # a short reason buffer is truncated, still NUL-terminated
     assert lib.ml_check(os.fsencode(tmp_path / "missing.mlb"), small, 8) == ERRORS["statuses"]["ML_E_IO"]
     assert ffi.string(small) == os.fsencode(tmp_path)[:7]
     assert ffi.string(lib.ml_version()).startswith(b"mlrt ")
@@ -204,25 +210,31 @@ def damaged(draw, files: list[tuple[str, bytes]], kind: str) -> bytes:
             i = draw(st.integers(0, min(len(b), 320) - 1 if header_only else len(b) - 1))
             b[i] = draw(st.sampled_from([0x00, 0x80, 0xFF]) | st.integers(0, 255))
     elif kind == "truncate":
-        del b[draw(st.integers(0, len(b) - 1), label="length"):]
+        del b[draw(st.integers(0, len(b) - 1), label="length") :]
     elif kind == "append":
         b += draw(st.binary(min_size=1, max_size=300), label="tail")
     elif kind == "u32":
         for name, off in draw(st.lists(st.sampled_from(U32_FIELDS), min_size=1, max_size=6, unique=True)):
-            v = draw(st.sampled_from([0, 1, 2, 3, 8, 2**31, 2**32 - 1, 65536, 65537, 2**24, 2**24 + 1])
-                     | st.integers(0, 2**32 - 1), label=name)
+            v = draw(
+                st.sampled_from([0, 1, 2, 3, 8, 2**31, 2**32 - 1, 65536, 65537, 2**24, 2**24 + 1])
+                | st.integers(0, 2**32 - 1),
+                label=name,
+            )
             struct.pack_into("<I", b, off, v)
     elif kind == "f32":
         for name, off in draw(st.lists(st.sampled_from(F32_FIELDS), min_size=1, max_size=4, unique=True)):
-            v = draw(st.sampled_from([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x3F800000])
-                     | st.integers(0, 2**32 - 1), label=name)
+            v = draw(
+                st.sampled_from([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x3F800000])
+                | st.integers(0, 2**32 - 1),
+                label=name,
+            )
             struct.pack_into("<I", b, off, v)
     elif kind == "flags":
         n = layout.parse_header(bytes(b))["n_layers"]
         for i in range(n):
             if draw(st.booleans()):
                 b[256 + i] = draw(st.sampled_from([0, 1, 2, 3, 4, 5, 6, 8, 9, 0x10]) | st.integers(0, 255))
-        if draw(st.booleans()):   # linear-attention fields that may now matter
+        if draw(st.booleans()):  # linear-attention fields that may now matter
             name, off = draw(st.sampled_from([f for f in U32_FIELDS if f[0].startswith("lin_")]))
             struct.pack_into("<I", b, off, draw(st.integers(0, 2**32 - 1)))
     else:
@@ -250,8 +262,22 @@ def hooks(build_mod, tmp_path_factory):
     cffi = pytest.importorskip("cffi")
     out = tmp_path_factory.mktemp("plan") / "libplan.so"
     src = NATIVE / "src"
-    cmd = ["gcc", *CFLAGS, "-fPIC", "-shared", "-I", str(NATIVE / "include"), "-I", str(src), "-o", str(out),
-           str(NATIVE / "tests" / "loader_plan.c"), str(src / "loader.c"), str(src / "f16.c"), "-lm"]
+    cmd = [
+        "gcc",
+        *CFLAGS,
+        "-fPIC",
+        "-shared",
+        "-I",
+        str(NATIVE / "include"),
+        "-I",
+        str(src),
+        "-o",
+        str(out),
+        str(NATIVE / "tests" / "loader_plan.c"),
+        str(src / "loader.c"),
+        str(src / "f16.c"),
+        "-lm",
+    ]
     r = subprocess.run(cmd, capture_output=True, encoding="utf-8")
     assert r.returncode == 0, r.stderr
     ffi = cffi.FFI()
@@ -270,7 +296,7 @@ def test_model_points_at_the_reference_layout(hooks, mlb_fixtures):
             continue
         data = path.read_bytes()
         h = layout.parse_header(data)
-        flags = data[256: 256 + h["n_layers"]] if h["layer_flags"] else None
+        flags = data[256 : 256 + h["n_layers"]] if h["layer_flags"] else None
         plan = list(layout.plan(h, flags))
         buf, scales, n = ffi.new("char[]", 1 << 20), np.zeros(1 << 20, np.float32), ffi.new("size_t *")
         pscales = ffi.from_buffer("float[]", scales)
@@ -293,12 +319,12 @@ def test_model_points_at_the_reference_layout(hooks, mlb_fixtures):
         next_scale = 0
         for ln, a in zip(arrays, expect, strict=True):
             assert ln[1] == a.fmt, (f.file, a.name)
-            if a.part == "d":   # the matrix's rows and columns: its d array holds rows x cols/32
+            if a.part == "d":  # the matrix's rows and columns: its d array holds rows x cols/32
                 assert (int(ln[2]), int(ln[3]) // 32) == a.shape, (f.file, a.name)
             if a.part == "d" and h["scale_f16"]:
-                assert ln[4] == f"S{next_scale}", (f.file, a.name)   # converted in file order, no gaps
+                assert ln[4] == f"S{next_scale}", (f.file, a.name)  # converted in file order, no gaps
                 want16 = np.frombuffer(data, "<f2", a.nbytes // 2, a.offset).astype(np.float32)
-                conv = scales[next_scale: next_scale + want16.size]
+                conv = scales[next_scale : next_scale + want16.size]
                 assert np.array_equal(conv.view(np.uint32), want16.view(np.uint32)), (f.file, a.name)
                 next_scale += want16.size
             else:
@@ -321,8 +347,10 @@ def test_f16_conversions_match_numpy(hooks):
     fin = np.unique(fin)
     mids = ((fin[:-1] + fin[1:]) / 2).astype(np.float32)
     bits = np.concatenate([fin.astype(np.float32).view(np.uint32), mids.view(np.uint32)])
-    edges = np.array([0x477FEFFF, 0x477FF000, 0x7F800000, 0x7F800001, 0x7FC00000, 0x7F802000, 0x33000000,
-                      0x33000001], np.uint32)
+    edges = np.array(
+        [0x477FEFFF, 0x477FF000, 0x7F800000, 0x7F800001, 0x7FC00000, 0x7F802000, 0x33000000, 0x33000001],
+        np.uint32,
+    )
     rand = np.random.default_rng(7).integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32)
     bits = np.concatenate([bits, bits - 1, bits + 1, edges])
     bits = np.concatenate([bits, bits ^ np.uint32(0x80000000), rand])
@@ -338,8 +366,18 @@ def test_f16_conversions_match_numpy(hooks):
 # ---------------------------------------------------------------- (4) and (5): driver programs
 def _driver(tmp: Path, so: Path, flags: list[str]) -> Path:
     exe = tmp / "loader_main"
-    cmd = ["gcc", *CFLAGS, *flags, "-I", str(NATIVE / "include"), str(NATIVE / "tests" / "loader_main.c"),
-           str(so), f"-Wl,-rpath,{so.parent}", "-o", str(exe)]
+    cmd = [
+        "gcc",
+        *CFLAGS,
+        *flags,
+        "-I",
+        str(NATIVE / "include"),
+        str(NATIVE / "tests" / "loader_main.c"),
+        str(so),
+        f"-Wl,-rpath,{so.parent}",
+        "-o",
+        str(exe),
+    ]
     r = subprocess.run(cmd, capture_output=True, encoding="utf-8")
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     return exe
@@ -347,8 +385,14 @@ def _driver(tmp: Path, so: Path, flags: list[str]) -> Path:
 
 def _run_driver(exe: Path, paths: list[Path], env: dict | None = None) -> tuple[list[tuple], str]:
     """[(check status, load status, rule)] per path, and stderr."""
-    r = subprocess.run([str(exe)], input="".join(f"{p}\n" for p in paths), capture_output=True,
-                       encoding="utf-8", env=env, timeout=300)
+    r = subprocess.run(
+        [str(exe)],
+        input="".join(f"{p}\n" for p in paths),
+        capture_output=True,
+        encoding="utf-8",
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, f"driver exit {r.returncode}\n{r.stderr[-4000:]}"
     out = []
     for line in r.stdout.splitlines():
@@ -373,12 +417,28 @@ def _huge_headers(valid_files, folder: Path) -> list[Path]:
     base = dict(valid_files)
     cases_ = {
         "q8_vocab_dim": ("valid/q8_min.mlb", {"vocab": 2**24, "dim": 65536}),
-        "q8_everything": ("valid/q8_min.mlb", {"vocab": 2**24, "dim": 65536, "hidden_dim": 65536,
-                                               "n_layers": 65536, "n_heads": 2048, "n_kv_heads": 2048}),
+        "q8_everything": (
+            "valid/q8_min.mlb",
+            {
+                "vocab": 2**24,
+                "dim": 65536,
+                "hidden_dim": 65536,
+                "n_layers": 65536,
+                "n_heads": 2048,
+                "n_kv_heads": 2048,
+            },
+        ),
         "q8_4gib_exactly": ("valid/q8_min.mlb", {"vocab": 2**16, "dim": 65536}),
-        "linear_all_ones": ("valid/qwen35.mlb", {"lin_k_heads": 0xFFFFFFFC, "lin_v_heads": 0xFFFFFFFC,
-                                                 "lin_k_dim": 0xFFFFFFFF, "lin_v_dim": 0xFFFFFFF8,
-                                                 "lin_conv": 0xFFFFFFFF}),
+        "linear_all_ones": (
+            "valid/qwen35.mlb",
+            {
+                "lin_k_heads": 0xFFFFFFFC,
+                "lin_v_heads": 0xFFFFFFFC,
+                "lin_k_dim": 0xFFFFFFFF,
+                "lin_v_dim": 0xFFFFFFF8,
+                "lin_conv": 0xFFFFFFFF,
+            },
+        ),
         "linear_conv_2_32": ("valid/qwen35.mlb", {"lin_conv": 0xFFFFFFFF}),
     }
     out = []
@@ -398,8 +458,9 @@ def m32_driver(build_mod, tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("m32")
     probe = tmp / "probe.c"
     probe.write_text("#include <stdio.h>\nint main(void) { return 0; }\n", encoding="utf-8")
-    r = subprocess.run(["gcc", "-m32", str(probe), "-o", str(tmp / "probe")], capture_output=True,
-                       encoding="utf-8")
+    r = subprocess.run(
+        ["gcc", "-m32", str(probe), "-o", str(tmp / "probe")], capture_output=True, encoding="utf-8"
+    )
     if r.returncode:
         pytest.skip(f"gcc -m32 cannot build a program (install gcc-12-multilib): {r.stderr.strip()[:200]}")
     try:
@@ -427,8 +488,12 @@ def test_m32_build_on_every_fixture(m32_driver, mlb_fixtures, valid_files, tmp_p
     wrong = _compare(paths, got)
     assert not wrong, "\n".join(map(str, wrong))
     by_name = {p.name: g for p, g in zip(paths, got, strict=True)}
-    for name in ("size_overflows_32bit.mlb", "size_overflows_64bit.mlb", "q8_everything.mlb",
-                 "linear_all_ones.mlb"):
+    for name in (
+        "size_overflows_32bit.mlb",
+        "size_overflows_64bit.mlb",
+        "q8_everything.mlb",
+        "linear_all_ones.mlb",
+    ):
         assert by_name[name] == ("ML_E_FORMAT", "ML_E_FORMAT", "format.truncated_body"), name
 
 
@@ -442,8 +507,13 @@ def _mutation_corpus(files, folder: Path, n: int) -> list[Path]:
     """n hypothesis-drawn damaged files (every kind), written to folder."""
     paths: list[Path] = []
 
-    @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(kind=st.sampled_from(KINDS), data=st.data())
     def collect(kind, data):
         p = folder / f"mut_{len(paths)}.mlb"
@@ -464,8 +534,12 @@ def test_sanitizer_build_on_fixtures_and_mutations(asan_libmlrt, mlb_fixtures, v
     corpus.mkdir()
     paths = [p for _, p in mlb_fixtures] + _huge_headers(valid_files, corpus)
     paths += _mutation_corpus(valid_files, corpus, 300)
-    env = dict(os.environ, LD_PRELOAD=str(asan), ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    env = dict(
+        os.environ,
+        LD_PRELOAD=str(asan),
+        ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+    )
     got, err = _run_driver(exe, paths, env)
     for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
         assert marker not in err, err[-4000:]
@@ -483,7 +557,7 @@ def test_quantize_edge_cases(native, case):
     rc, q, d = native.quantize(x, f16)
     if case.compare == "refused":
         assert rc == ML_E_ARG
-        assert (q.view(np.uint8) == 0x5A).all() and (d.view(np.uint8) == 0x5A).all()   # nothing written
+        assert (q.view(np.uint8) == 0x5A).all() and (d.view(np.uint8) == 0x5A).all()  # nothing written
     else:
         assert rc == ML_OK
         assert (q.tobytes(), d.tobytes()) == case.expected
@@ -517,10 +591,15 @@ def test_quantize_random_blocks(native, f16):
 
 
 @settings(max_examples=150, deadline=None)
-@given(x=hnp.arrays(np.float32, st.sampled_from([32, 64, 96]),
-                    elements=st.floats(width=32, allow_nan=True, allow_infinity=True)
-                    | st.sampled_from([0.0, -0.0, 0.5, -0.5, 127.0, 8319008.0, 8319071.5, 1e-30])),
-       f16=st.booleans())
+@given(
+    x=hnp.arrays(
+        np.float32,
+        st.sampled_from([32, 64, 96]),
+        elements=st.floats(width=32, allow_nan=True, allow_infinity=True)
+        | st.sampled_from([0.0, -0.0, 0.5, -0.5, 127.0, 8319008.0, 8319071.5, 1e-30]),
+    ),
+    f16=st.booleans(),
+)
 def test_quantize_hypothesis_blocks(native, x, f16):
     want = _reference_q8(x, f16)
     rc, q, d = native.quantize(x, f16)
@@ -535,7 +614,7 @@ def test_quantize_arguments(native):
     x = np.ones(64, np.float32)
     q, d = np.zeros(64, np.int8), np.zeros(2, np.float32)
     px, pq, pd = ffi.from_buffer("float[]", x), ffi.from_buffer("int8_t[]", q), ffi.from_buffer(d)
-    assert lib.ml_quantize_q8_0(px, 33, 0, pq, pd) == ML_E_ARG   # not a multiple of 32
+    assert lib.ml_quantize_q8_0(px, 33, 0, pq, pd) == ML_E_ARG  # not a multiple of 32
     assert lib.ml_quantize_q8_0(ffi.NULL, 32, 0, pq, pd) == ML_E_ARG
     assert lib.ml_quantize_q8_0(px, 32, 1, ffi.NULL, pd) == ML_E_ARG
     assert lib.ml_quantize_q8_0(px, 32, 0, pq, ffi.NULL) == ML_E_ARG

@@ -33,13 +33,18 @@ def bound(path) -> int:
     """The decision's bound for ``path`` at ctx = min(max_seq, CTX)."""
     data = open(path, "rb").read(1 << 20)
     h = layout.parse_header(data)
-    flags = data[256: 256 + h["n_layers"]] if h["layer_flags"] else bytes(h["n_layers"])
+    flags = data[256 : 256 + h["n_layers"]] if h["layer_flags"] else bytes(h["n_layers"])
     linear = sum(1 for b in flags if b & 8)
     d = layout.derive(h)
     ctx = min(h["max_seq"], CTX)
     lin = 4 * h["lin_v_heads"] * h["lin_k_dim"] * h["lin_v_dim"] * linear if linear else 0
-    return (8 * ctx * d["kv_dim"] * (h["n_layers"] - linear) + lin + 4 * h["n_heads"] * ctx
-            + 256 * len(open(path, "rb").read()) + 65536)
+    return (
+        8 * ctx * d["kv_dim"] * (h["n_layers"] - linear)
+        + lin
+        + 4 * h["n_heads"] * ctx
+        + 256 * len(open(path, "rb").read())
+        + 65536
+    )
 
 
 def state_bytes(lib, path) -> int:
@@ -69,8 +74,11 @@ def test_unused_linear_fields_size_nothing(lib, tmp_path, generated):
     """The two accepted reproducers need no more state than q8_min itself."""
     out, _ = generated
     base = state_bytes(lib, out / "valid" / "q8_min.mlb")
-    for name in ("lin_v_heads_huge_without_linear_layer", "lin_dims_overflow_without_linear_layer",
-                 "lin_fields_without_linear_layer"):
+    for name in (
+        "lin_v_heads_huge_without_linear_layer",
+        "lin_dims_overflow_without_linear_layer",
+        "lin_fields_without_linear_layer",
+    ):
         assert state_bytes(lib, out / "accepted" / f"{name}.mlb") == base, name
 
 

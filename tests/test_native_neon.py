@@ -47,15 +47,18 @@ def neon(tools):
 
 
 def _bad(results) -> list[str]:
-    return [f"{r.outcome} {r.case}: {r.detail}" for r in results
-            if not (r.outcome == "pass" or (r.outcome == "unsupported" and "q4_0" in r.case))]
+    return [
+        f"{r.outcome} {r.case}: {r.detail}"
+        for r in results
+        if not (r.outcome == "pass" or (r.outcome == "unsupported" and "q4_0" in r.case))
+    ]
 
 
 @pytest.mark.parametrize("name", ["native:neon", "native:neon-dotprod"])
 def test_conformance_under_qemu(tools, name):
     b = get(name)
     try:
-        assert b.isa == name.split(":")[1], b.description     # -cpu max alone would pick neon-dotprod
+        assert b.isa == name.split(":")[1], b.description  # -cpu max alone would pick neon-dotprod
         assert "qemu-aarch64 -cpu max" in b.description
         t = time.monotonic()
         results = runner.run(cases.collect(AREAS), [b])
@@ -70,14 +73,21 @@ def test_conformance_under_qemu(tools, name):
 def _isolation_case(name: str) -> Case:
     """A loader case whose file name makes the worker's test hook segfault or hang."""
     fx = Fixture(file=f"isolation/{name}.mlb", kind="malformed", expected="ML_E_FORMAT", rule="isolation")
-    return Case(f"loader/isolation/{name}", "loader", "load", "tests/test_native_neon.py", "status",
-                {"fixture": fx}, "ML_E_FORMAT")
+    return Case(
+        f"loader/isolation/{name}",
+        "loader",
+        "load",
+        "tests/test_native_neon.py",
+        "status",
+        {"fixture": fx},
+        "ML_E_FORMAT",
+    )
 
 
 def test_guest_segfault_and_hang_become_outcomes(tools, monkeypatch, tmp_path):
-    monkeypatch.setenv("MLRT_WORKER_TEST_HOOKS", "1")   # qemu passes its environment to the guest
+    monkeypatch.setenv("MLRT_WORKER_TEST_HOOKS", "1")  # qemu passes its environment to the guest
     b = get("native:neon")
-    b.timeout = 10   # the hang waits this out; the other cases, under qemu, must finish within it
+    b.timeout = 10  # the hang waits this out; the other cases, under qemu, must finish within it
     loader = cases.collect(["loader"], "format.magic or io.open")
     sel = [loader[0], _isolation_case("crash"), *loader[1:3], _isolation_case("hang"), *loader[3:]]
     work = runner.Workdir(tmp_path / "work")
@@ -90,7 +100,7 @@ def test_guest_segfault_and_hang_become_outcomes(tools, monkeypatch, tmp_path):
     crash = by.pop("loader/isolation/crash")
     assert crash.outcome == "crash", crash
     assert crash.detail.startswith("worker killed by SIGSEGV during load(") and "crash.mlb" in crash.detail
-    assert "uncaught target signal 11" in crash.detail, crash.detail   # qemu's own report, quoted
+    assert "uncaught target signal 11" in crash.detail, crash.detail  # qemu's own report, quoted
     hang = by.pop("loader/isolation/hang")
     assert hang.outcome == "timeout" and "after 10 s during load(" in hang.detail, hang
     assert len(by) == len(loader) and {r.outcome for r in by.values()} == {"pass"}
@@ -120,15 +130,16 @@ def test_missing_tools_make_every_case_unsupported(monkeypatch, tmp_path):
 def test_sessions_and_the_operations_beyond_the_suite(neon):
     from mlconf.backends.reference.forward import Forward
     from mlconf.tools import mlb
+
     toks = np.load(MODEL.with_suffix(".npz"))["tokens"][:20]
     s = neon.open_model(str(MODEL), ctx=32)
     logits = s.forward(toks, 0)
     assert logits.shape == (20, s.vocab) and logits.dtype == np.float32 and np.isfinite(logits).all()
     s.reset()
-    again = np.concatenate([s.forward(toks[i:i + 1], i) for i in range(len(toks))])
+    again = np.concatenate([s.forward(toks[i : i + 1], i) for i in range(len(toks))])
     np.testing.assert_allclose(again, logits, rtol=1e-4, atol=1e-4)
     with pytest.raises(InputError, match="ML_E_ARG"):
-        s.forward(np.array([s.vocab]), 20)                        # a token outside the vocabulary
+        s.forward(np.array([s.vocab]), 20)  # a token outside the vocabulary
     # neon-dotprod: the same bits (integer block sums; one float order on every ISA)
     dot = get("native:neon-dotprod")
     try:
@@ -141,7 +152,7 @@ def test_sessions_and_the_operations_beyond_the_suite(neon):
     ref = Forward(mlb.read(MODEL))
     want = ref.start_imatrix()
     n = len(want.sums)
-    assert neon._call("imatrix_get", "imatrix_get", s.handle, n)[0] == 4    # ML_E_ARG before the start
+    assert neon._call("imatrix_get", "imatrix_get", s.handle, n)[0] == 4  # ML_E_ARG before the start
     assert neon._call("imatrix_start", "imatrix_start", s.handle) == 0
     s.reset()
     s.forward(toks, 0)
@@ -156,12 +167,12 @@ def test_sessions_and_the_operations_beyond_the_suite(neon):
         neon._call("forward", "forward", 9999, np.array([1], np.int32), 0)
     with pytest.raises(BackendError, match="no such tokenizer handle"):
         neon._call("tok_encode", "tok_encode", 1, b"abc")
-    try:                                                   # tok_check: tok_load, then tok_free
-        assert not neon.load_tokenizer(str(MODEL)).ok      # a model is not a tokenizer
-    except Unsupported as e:                               # no native tokenizer yet: its reason
+    try:  # tok_check: tok_load, then tok_free
+        assert not neon.load_tokenizer(str(MODEL)).ok  # a model is not a tokenizer
+    except Unsupported as e:  # no native tokenizer yet: its reason
         assert "tokenizer" in str(e)
     s.close()
-    with pytest.raises(BackendError, match="no such model handle"):           # freed in the worker
+    with pytest.raises(BackendError, match="no such model handle"):  # freed in the worker
         neon._call("reset", "reset", s.handle)
     assert neon.epoch == epoch and neon._worker.alive()
     q, d16 = neon.quantize_q8_0(np.linspace(-3, 3, 96, dtype=np.float32), f16=True)
@@ -169,17 +180,17 @@ def test_sessions_and_the_operations_beyond_the_suite(neon):
 
 
 def test_the_worker_is_rebuilt_when_a_source_is_newer(tools, monkeypatch, tmp_path):
-    source = tmp_path / "stand-in.c"   # stands for src/*.c: the real sources are not touched
+    source = tmp_path / "stand-in.c"  # stands for src/*.c: the real sources are not touched
     source.write_text("", encoding="utf-8")
     monkeypatch.setattr(qemu, "build_dir", lambda: tmp_path / "build")
     monkeypatch.setattr(qemu, "_sources", lambda: [source])
     (tmp_path / "build").mkdir()
     exe = qemu.worker_executable()
     first = exe.stat().st_mtime_ns
-    assert qemu.worker_executable() == exe and exe.stat().st_mtime_ns == first    # up to date
+    assert qemu.worker_executable() == exe and exe.stat().st_mtime_ns == first  # up to date
     later = time.time() + 10
     os.utime(source, (later, later))
     qemu.worker_executable()
     assert exe.stat().st_mtime_ns != first
-    assert not [p for p in exe.parent.iterdir() if p.name not in (exe.name, ".lock")]   # no leftovers
+    assert not [p for p in exe.parent.iterdir() if p.name not in (exe.name, ".lock")]  # no leftovers
     assert Path(qemu.command(exe)[-1]) == exe

@@ -25,7 +25,7 @@ TABLES = ["native:scalar", "native:avx2", "native:neon"]
 @pytest.fixture(scope="module", params=TABLES)
 def native(request):
     b = get(request.param)
-    if "quantize_q4_0" not in b.capabilities:   # the table cannot run here (ISA, no qemu)
+    if "quantize_q4_0" not in b.capabilities:  # the table cannot run here (ISA, no qemu)
         pytest.skip(f"{request.param}: {b.unsupported.get('quantize_q4_0')}")
     return b
 
@@ -40,12 +40,17 @@ def _same(native, x, rule, f16, imp=None, what=""):
     qs, d = native.quantize_q4_0(x, rule, f16, imp)
     wq, wd = _want(x, rule, f16, imp)
     assert qs.dtype == np.uint8 and d.dtype == wd.dtype and qs.shape == wq.shape and d.shape == wd.shape
-    blocks = np.flatnonzero((qs.reshape(-1, 16) != wq.reshape(-1, 16)).any(axis=1)
-                            | (d.reshape(-1).view(np.uint16 if f16 else np.uint32)
-                               != wd.reshape(-1).view(np.uint16 if f16 else np.uint32)))
+    blocks = np.flatnonzero(
+        (qs.reshape(-1, 16) != wq.reshape(-1, 16)).any(axis=1)
+        | (
+            d.reshape(-1).view(np.uint16 if f16 else np.uint32)
+            != wd.reshape(-1).view(np.uint16 if f16 else np.uint32)
+        )
+    )
     assert not blocks.size, (
         f"{native.name} {rule} f16={f16} {what}: {blocks.size} blocks differ, first {int(blocks[0])}: "
-        f"d {d.reshape(-1)[blocks[0]]!r} vs {wd.reshape(-1)[blocks[0]]!r}")
+        f"d {d.reshape(-1)[blocks[0]]!r} vs {wd.reshape(-1)[blocks[0]]!r}"
+    )
 
 
 def _matrix(seed: int, rows: int = 5, cols: int = 32 * 13) -> np.ndarray:
@@ -57,7 +62,7 @@ def _matrix(seed: int, rows: int = 5, cols: int = 32 * 13) -> np.ndarray:
     if rows >= 4 and cols >= 128:
         x[0, 32:64] *= F32(1e-9)
         x[1, 64:96] = 0
-        x[2, 96:128] = np.tile(F32([8, -8, 4, 0.5, -2.5, 1.5, 3, 7]), 4)    # xmax 8: levels hit .5 ties
+        x[2, 96:128] = np.tile(F32([8, -8, 4, 0.5, -2.5, 1.5, 3, 7]), 4)  # xmax 8: levels hit .5 ties
         x[3, :32] = F32(-1.0)
     return x
 
@@ -84,8 +89,11 @@ def test_one_row_and_a_leading_shape(native):
 
 
 @settings(max_examples=60, deadline=None)
-@given(blocks=st.lists(st.lists(st.floats(-1e6, 1e6, width=32), min_size=32, max_size=32),
-                       min_size=1, max_size=11))
+@given(
+    blocks=st.lists(
+        st.lists(st.floats(-1e6, 1e6, width=32), min_size=32, max_size=32), min_size=1, max_size=11
+    )
+)
 def test_hypothesis_blocks(native, blocks):
     x = np.array(blocks, F32).reshape(1, -1)
     _same(native, x, "search", False)
@@ -107,11 +115,11 @@ def test_refusals(native):
     for rule in ("round", "search"):
         _refusal(native, nan, rule, False)
     huge = x.copy()
-    huge[0, :32] = F32(2.0 ** 60)
-    _refusal(native, huge, "search", False)          # decision q4_0.search_overflow
+    huge[0, :32] = F32(2.0**60)
+    _refusal(native, huge, "search", False)  # decision q4_0.search_overflow
     big = x.copy()
     big[1, 32:64] = F32(1e6)
-    _refusal(native, big, "round", True)             # |d| = 125000 > 65504
+    _refusal(native, big, "round", True)  # |d| = 125000 > 65504
     _refusal(native, big, "search", True)
     with pytest.raises(Unsupported):
         native.quantize_q4_0(x, "round", False, np.ones(64, F32))

@@ -11,7 +11,7 @@ import pytest
 from mlconf import cases, runner
 from mlconf.backends import get
 
-SMOKE_MUTANTS = 20000   # per loader: 105 s (loader) and 24 s (tokenizer) on the Xeon host
+SMOKE_MUTANTS = 20000  # per loader: 105 s (loader) and 24 s (tokenizer) on the Xeon host
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,7 @@ def test_fuzz_smoke_under_sanitizers(sanitized, monkeypatch, area):
     against the sanitized library: a sanitizer report aborts the worker, a crash outcome; every
     mutant must give the reference's status, and every accepted .mlb its two-token forward."""
     from mlconf import fuzz
+
     monkeypatch.setenv("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
     monkeypatch.setenv("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
     backend = get(f"lib:{sanitized}")
@@ -47,5 +48,6 @@ def test_fuzz_smoke_under_sanitizers(sanitized, monkeypatch, area):
         c = fuzz.run(backend, area, seed=20261201, count=SMOKE_MUTANTS)
     finally:
         backend.close()
-    assert c.agreed == c.mutants == SMOKE_MUTANTS, [(r.outcome, r.spec, r.detail[:200])
-                                                    for r in c.failures[:3]]
+    assert c.agreed == c.mutants == SMOKE_MUTANTS, [
+        (r.outcome, r.spec, r.detail[:200]) for r in c.failures[:3]
+    ]

@@ -47,15 +47,34 @@ from mlconf.tools import convert_tokenizer, mlt
 
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "backends" / "native"
-STATUS = {0: "ML_OK", 1: "ML_E_IO", 2: "ML_E_FORMAT", 3: "ML_E_SHAPE", 4: "ML_E_ARG", 5: "ML_E_NOMEM",
-          6: "ML_E_UNSUPPORTED"}
+STATUS = {
+    0: "ML_OK",
+    1: "ML_E_IO",
+    2: "ML_E_FORMAT",
+    3: "ML_E_SHAPE",
+    4: "ML_E_ARG",
+    5: "ML_E_NOMEM",
+    6: "ML_E_UNSUPPORTED",
+}
 ML_OK, ML_E_ARG = 0, 4
 RULE = re.compile(r"\[([a-z0-9_.]+)\]$")
 GOLDENS = sorted(p.name.removesuffix(".ids.json") for p in (GOLDEN_DIR / "tokenizers").glob("*.ids.json"))
 TEXTS: dict[str, str] = specs.load("tokenizer_texts")["texts"]
-EXTRA = ["", " ", "a", "1 12 123 1234 12345", "don't DON'T Don'T 'ſ we'Ve", "e\u0301 é a\u0308 ä \u0301",
-         "\u00a0nbsp\u2003em\u3000", "\x1c\x1d\x1e\x1f x", "\r\n\r\n  \r\n\tend  ", "  x  \n\t y",
-         "٣٤٥ ½ Ⅻ 12⁴", "中文日本語 東京", "<s>hi</s> <|endoftext|><|im_start|>assistant x"]
+EXTRA = [
+    "",
+    " ",
+    "a",
+    "1 12 123 1234 12345",
+    "don't DON'T Don'T 'ſ we'Ve",
+    "e\u0301 é a\u0308 ä \u0301",
+    "\u00a0nbsp\u2003em\u3000",
+    "\x1c\x1d\x1e\x1f x",
+    "\r\n\r\n  \r\n\tend  ",
+    "  x  \n\t y",
+    "٣٤٥ ½ Ⅻ 12⁴",
+    "中文日本語 東京",
+    "<s>hi</s> <|endoftext|><|im_start|>assistant x",
+]
 HSET = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -84,7 +103,7 @@ class Native:
         rc = self.lib.ml_tok_encode(t, data, len(data), ids, cap, n)
         if rc == ML_E_ARG and cap < n[0] and cap == len(data) + 8:
             return self.encode(t, data, n[0])
-        return rc, list(ids[0:min(n[0], cap)]), n[0]
+        return rc, list(ids[0 : min(n[0], cap)]), n[0]
 
     def ids(self, t, data: bytes) -> list[int]:
         rc, ids, _ = self.encode(t, data)
@@ -117,6 +136,7 @@ def native(tmp_path_factory) -> Native:
 def golden_mlt(name: str) -> Path:
     """golden/tokenizers/NAME.json converted to .mlt (tools/convert_tokenizer), once per process."""
     import tempfile
+
     out = Path(tempfile.mkdtemp(prefix="mlconf-tok-")) / f"{name}.mlt"
     convert_tokenizer.convert(GOLDEN_DIR / "tokenizers" / f"{name}.json", out)
     return out
@@ -128,6 +148,7 @@ def golden_ids(name: str) -> dict[str, list[int]]:
 
 
 # -- (1) the loader ---------------------------------------------------------------------------
+
 
 def test_every_mlt_fixture_gets_the_reference_status(native, generated):
     root, fixtures = generated
@@ -151,6 +172,7 @@ def test_every_mlt_fixture_gets_the_reference_status(native, generated):
 def valid_mlt(tmp_path_factory) -> list[bytes]:
     from mlconf import mlt_fixtures
     from mlconf.fixtures import catalog
+
     return [mlt_fixtures.content(f) for f in catalog() if f.file.startswith("tokenizer/valid/")]
 
 
@@ -164,12 +186,12 @@ def test_mutated_files_get_the_reference_status_and_rule(native, valid_mlt, scra
         for _ in range(data.draw(st.integers(1, 4))):
             b[data.draw(st.integers(0, len(b) - 1))] = data.draw(st.integers(0, 255))
     elif op == "truncate":
-        b = b[:data.draw(st.integers(0, len(b) - 1))]
+        b = b[: data.draw(st.integers(0, len(b) - 1))]
     elif op == "append":
         b += data.draw(st.binary(min_size=1, max_size=16))
     else:
         off = data.draw(st.sampled_from([4, 8, 12, 16, 20, 24, 28]))
-        b[off:off + 4] = data.draw(st.integers(0, 2**32 - 1)).to_bytes(4, "little")
+        b[off : off + 4] = data.draw(st.integers(0, 2**32 - 1)).to_bytes(4, "little")
     mv = data.draw(st.sampled_from([0, 100, 1000]))
     path = scratch / "mutated.mlt"
     path.write_bytes(bytes(b))
@@ -204,6 +226,7 @@ def test_load_null_path_and_model_vocab(native, tmp_path):
 
 # -- (2) the goldens ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", GOLDENS)
 def test_golden_ids_in_process(native, name):
     t = native.open(golden_mlt(name))
@@ -234,6 +257,7 @@ def test_golden_ids_on_the_backends(backend):
 
 
 # -- (3) every flag on both kinds ----------------------------------------------------------------
+
 
 def _flag_sets(kind: int) -> list[int]:
     if kind == 1:
@@ -279,17 +303,18 @@ def test_word_cache_overflow_and_long_words(native):
 
 # -- (4) the buffer protocol ----------------------------------------------------------------------
 
+
 def test_encode_and_decode_buffers(native):
     t = native.open(golden_mlt("llama3"))
     text = b"hello world, hello again"
     ids = native.ids(t, text)
     rc, part, n = native.encode(t, text, cap=2)
     assert rc == ML_E_ARG and n == len(ids) and part == ids[:2]
-    rc, part, n = native.encode(t, b"", cap=0)   # add_bos: the BOS alone does not fit
+    rc, part, n = native.encode(t, b"", cap=0)  # add_bos: the BOS alone does not fit
     assert rc == ML_E_ARG and n == 1 and part == []
     rc, part, n = native.encode(native.open(golden_mlt("gpt2")), b"", cap=0)
     assert rc == ML_OK and n == 0 and part == []
-    rc, out, n = native.decode(t, ids[1:])   # without the BOS
+    rc, out, n = native.decode(t, ids[1:])  # without the BOS
     assert rc == ML_OK and out == text and n == len(text)
     rc, part, n2 = native.decode(t, ids[1:], cap=3)
     assert rc == ML_E_ARG and n2 == n and part == text[:3]
@@ -334,11 +359,21 @@ def test_fuzz_bytes_decoded_with_replacement(native, fuzz, data, which):
 
 # -- (6) sanitizers ------------------------------------------------------------------------------
 
+
 def _random_texts(n: int, seed: int = 0) -> list[str]:
     """Texts from a mix of the code points the scanners care about, lone surrogates included."""
-    pools = ["abcXYZ", " \t\r\n\u00a0\u3000\u2028", "0123456789٣½Ⅻ", "'sStTrReEvVmMlLdD\u017f",
-             ".,!?-()\"#", "中文東京ภาษาनमस्ते", "e\u0301a\u0308\u0301\u1100\u1161\u11a8", "😀👍🏽\U0010ffff",
-             "\ud800\udfff\udc00", "\x00\x1c\x7f\ufffd"]
+    pools = [
+        "abcXYZ",
+        " \t\r\n\u00a0\u3000\u2028",
+        "0123456789٣½Ⅻ",
+        "'sStTrReEvVmMlLdD\u017f",
+        '.,!?-()"#',
+        "中文東京ภาษาनमस्ते",
+        "e\u0301a\u0308\u0301\u1100\u1161\u11a8",
+        "😀👍🏽\U0010ffff",
+        "\ud800\udfff\udc00",
+        "\x00\x1c\x7f\ufffd",
+    ]
     r = random.Random(seed)
     return ["".join(r.choice(r.choice(pools)) for _ in range(r.randint(0, 60))) for _ in range(n)]
 

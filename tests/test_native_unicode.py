@@ -70,7 +70,7 @@ class Unicode:
         cps = np.ascontiguousarray(cps, dtype=np.uint32)
         out = np.zeros(max(cps.size, 1), dtype=np.int32)
         self._call("class", cps, cps.size, out, out.size)
-        return out[:cps.size]
+        return out[: cps.size]
 
     def version(self) -> str:
         out = bytearray(64)
@@ -92,7 +92,7 @@ class Unicode:
         cap = 3 * cps.size if cap is None else cap
         out = np.full(max(cap, 1), 0xFFFFFFFF, dtype=np.uint32)
         n = self._call("nfc", cps, cps.size, out, cap)
-        return out[:min(n, cap)].tolist(), n
+        return out[: min(n, cap)].tolist(), n
 
     def nfc(self, s: str) -> str:
         cps, n = self.nfc_cps([ord(c) for c in s])
@@ -117,7 +117,7 @@ def uc(tmp_path_factory) -> Unicode:
 def expected_classes() -> np.ndarray:
     want = np.zeros(0x110000, dtype=np.int32)
     for first, last, k in unicode_classes.class_ranges():
-        want[first:last + 1] = k
+        want[first : last + 1] = k
     return want
 
 
@@ -139,20 +139,60 @@ def test_version(uc):
 
 # ---------------------------------------------------------------- UTF-8
 ADVERSARIAL = [
-    b"", b"a", b"\x00", b"\x7f", b"\xc2\x80", b"\xdf\xbf", b"\xe0\xa0\x80", b"\xef\xbf\xbf",
-    b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", "h\u00e9llo \u4e16\u754c \U0001f600".encode(),
+    b"",
+    b"a",
+    b"\x00",
+    b"\x7f",
+    b"\xc2\x80",
+    b"\xdf\xbf",
+    b"\xe0\xa0\x80",
+    b"\xef\xbf\xbf",
+    b"\xf0\x90\x80\x80",
+    b"\xf4\x8f\xbf\xbf",
+    "h\u00e9llo \u4e16\u754c \U0001f600".encode(),
     # truncated at the end and in the middle
-    b"\xe2\x82", b"\xe2", b"\xf0\x9f\x98", b"\xf0\x9f", b"\xf0", b"\xc3", b"a\xe2\x82b", b"\xf0\x9f\x98a",
+    b"\xe2\x82",
+    b"\xe2",
+    b"\xf0\x9f\x98",
+    b"\xf0\x9f",
+    b"\xf0",
+    b"\xc3",
+    b"a\xe2\x82b",
+    b"\xf0\x9f\x98a",
     b"\xe2\x82\xe2\x82\xac",
     # surrogates, overlongs, above U+10FFFF, bytes that never start a sequence
-    b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xed\x9f\xbf", b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\xaf",
-    b"\xe0\x9f\xbf", b"\xf0\x80\x80\xaf", b"\xf0\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80",
-    b"\xf8\x88\x80\x80\x80", b"\xfc\x84\x80\x80\x80\x80", b"\xfe", b"\xff", b"\xfe\xfe\xff\xff",
+    b"\xed\xa0\x80",
+    b"\xed\xbf\xbf",
+    b"\xed\x9f\xbf",
+    b"\xc0\xaf",
+    b"\xc1\xbf",
+    b"\xe0\x80\xaf",
+    b"\xe0\x9f\xbf",
+    b"\xf0\x80\x80\xaf",
+    b"\xf0\x8f\xbf\xbf",
+    b"\xf4\x90\x80\x80",
+    b"\xf5\x80\x80\x80",
+    b"\xf8\x88\x80\x80\x80",
+    b"\xfc\x84\x80\x80\x80\x80",
+    b"\xfe",
+    b"\xff",
+    b"\xfe\xfe\xff\xff",
     # stray continuation bytes, lead bytes followed by leads or ASCII
-    b"\x80", b"\xbf", b"\x80\x80\x80", b"\xc3\xc3\xa9", b"\xe2\x28\xa1", b"\xe2\x82\x28", b"\xf0\x28\x8c\xbc",
-    b"\xf0\x90\x28\xbc", b"\xf0\x90\x8c\x28", b"\xc2\x41", b"\xe1\x80\xe1\x80\x80",
+    b"\x80",
+    b"\xbf",
+    b"\x80\x80\x80",
+    b"\xc3\xc3\xa9",
+    b"\xe2\x28\xa1",
+    b"\xe2\x82\x28",
+    b"\xf0\x28\x8c\xbc",
+    b"\xf0\x90\x28\xbc",
+    b"\xf0\x90\x8c\x28",
+    b"\xc2\x41",
+    b"\xe1\x80\xe1\x80\x80",
     # the Markus Kuhn stress test's impossible and overlong forms, mixed with valid text
-    b"\xef\xbf\xbe\xef\xbf\xbf", b"a\xc0\x80b\xe0\x80\x80c", b"\xf4\x8f\xbf\xbf\xf4\x90",
+    b"\xef\xbf\xbe\xef\xbf\xbf",
+    b"a\xc0\x80b\xe0\x80\x80c",
+    b"\xf4\x8f\xbf\xbf\xf4\x90",
     b"\xed\xaf\xbf\xed\xbf\xbf",
 ]
 
@@ -176,12 +216,38 @@ def test_decode_maximal_subparts(uc):
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.one_of(
-    st.binary(max_size=64),
-    st.lists(st.sampled_from([b"\x80", b"\xbf", b"\xc2", b"\xdf", b"\xe0", b"\xe1", b"\xed", b"\xef",
-                              b"\xf0", b"\xf1", b"\xf4", b"\xf5", b"\xa0", b"\x9f", b"\x90", b"\x8f",
-                              b"a", b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80"]),
-             max_size=24).map(b"".join)))
+@given(
+    data=st.one_of(
+        st.binary(max_size=64),
+        st.lists(
+            st.sampled_from(
+                [
+                    b"\x80",
+                    b"\xbf",
+                    b"\xc2",
+                    b"\xdf",
+                    b"\xe0",
+                    b"\xe1",
+                    b"\xed",
+                    b"\xef",
+                    b"\xf0",
+                    b"\xf1",
+                    b"\xf4",
+                    b"\xf5",
+                    b"\xa0",
+                    b"\x9f",
+                    b"\x90",
+                    b"\x8f",
+                    b"a",
+                    b"\xc3\xa9",
+                    b"\xe2\x82\xac",
+                    b"\xf0\x9f\x98\x80",
+                ]
+            ),
+            max_size=24,
+        ).map(b"".join),
+    )
+)
 def test_decode_hypothesis(uc, data):
     want = data.decode("utf-8", "replace")
     assert uc.decode(data) == want
@@ -215,9 +281,15 @@ def _marks() -> list[int]:
 def test_nfc_base_mark_pairs(uc):
     """Every base that starts a primary composite (and a sample of others) with every mark."""
     marks = _marks()
-    bases = sorted({ord(unicodedata.normalize("NFD", chr(c))[0]) for c in range(0x110000)
-                    if not 0xD800 <= c <= 0xDFFF and unicodedata.decomposition(chr(c))
-                    and not unicodedata.decomposition(chr(c)).startswith("<")})
+    bases = sorted(
+        {
+            ord(unicodedata.normalize("NFD", chr(c))[0])
+            for c in range(0x110000)
+            if not 0xD800 <= c <= 0xDFFF
+            and unicodedata.decomposition(chr(c))
+            and not unicodedata.decomposition(chr(c)).startswith("<")
+        }
+    )
     bases += [0x41, 0x3B1, 0x1100, 0xAC00, 0xAC01, 0x0915, 0x4E00, 0x1F600]
     composed = [nfc(chr(c)) for c in range(0xC0, 0x2000)]
     bases += sorted({ord(s[0]) for s in composed if len(s) == 1})
@@ -226,34 +298,100 @@ def test_nfc_base_mark_pairs(uc):
 
 
 SEQUENCES = [
-    "\u1100\u1161", "\u1100\u1161\u11a8", "\u1100\u1161\u11a7", "\uac00\u11a8", "\uac01\u11a8",
-    "\u1100\u1100\u1161\u11a8\u11a8", "\u1112\u1175\u11c2", "\u1100\u0300\u1161", "\u1113\u1161",
-    "\uac00\u1161", "\ud7a3\u11a8", "\u1100\u1176", "\u1100\u1160",
-    "a\u0323\u0302", "a\u0302\u0323", "a\u0301\u0300\u0323\u031b", "e\u0327\u0306", "e\u0306\u0327",
-    "\u1e0b\u0323", "\u1e0d\u0307", "q\u0307\u0323", "\u0041\u030a\u0301", "\u212b\u0301",
-    "\u0958", "\u0915\u093c", "\u2126", "\u212a", "\u0344", "\u0308\u0301", "\u0f73", "\u0f71\u0f72",
-    "\u2adc", "\u0340\u0341\u0343", "\u0374", "\u037e", "\u0387", "\u1f71", "\u1fbb",
-    "a\u0305\u0301", "a\u0301\u0305", "a\u0300\u0300", "a\u0316\u0300\u0301", "\u00e0\u0316",
-    "\u0b47\u0b3e", "\u0b47\u0b56", "\u0b47\u0b3c\u0b3e", "\u0dd9\u0dcf\u0dca", "\u0dd9\u0dca\u0dcf",
-    "\u1025\u102e", "\u0cc6\u0cc2\u0cd5", "\u09c7\u09be", "\u1b05\u1b35",
-    "\u0300a", "\u0301\u0300", "\u0315\u0300\u05ae\u0300b", "a\u05ae\u0300\u0301\u0315",
-    "\u03b1\u0313\u0300\u0345", "\u03b1\u0345\u0300\u0313", "\u1f82", "\u1fb7\u0301",
-    "\u0fb2\u0f80\u0f81", "\u0fb3\u0f71\u0f80", "\U0001d15e\U0001d165", "\U0001d15f\U0001d16e",
-    "\U00011099\U000110ba", "\U0001133b\U00011347\U0001133e", "\U00011347\U0001133e",
-    "e\u0301" * 50, "\u0301" * 300 + "a", "a" + "\u0323\u0301" * 150, "\u00c7\u0301", "C\u0327\u0301",
-    "\u1e09", "\u01d5", "u\u0308\u0304", "u\u0304\u0308", "\u0069\u0307\u0301",
+    "\u1100\u1161",
+    "\u1100\u1161\u11a8",
+    "\u1100\u1161\u11a7",
+    "\uac00\u11a8",
+    "\uac01\u11a8",
+    "\u1100\u1100\u1161\u11a8\u11a8",
+    "\u1112\u1175\u11c2",
+    "\u1100\u0300\u1161",
+    "\u1113\u1161",
+    "\uac00\u1161",
+    "\ud7a3\u11a8",
+    "\u1100\u1176",
+    "\u1100\u1160",
+    "a\u0323\u0302",
+    "a\u0302\u0323",
+    "a\u0301\u0300\u0323\u031b",
+    "e\u0327\u0306",
+    "e\u0306\u0327",
+    "\u1e0b\u0323",
+    "\u1e0d\u0307",
+    "q\u0307\u0323",
+    "\u0041\u030a\u0301",
+    "\u212b\u0301",
+    "\u0958",
+    "\u0915\u093c",
+    "\u2126",
+    "\u212a",
+    "\u0344",
+    "\u0308\u0301",
+    "\u0f73",
+    "\u0f71\u0f72",
+    "\u2adc",
+    "\u0340\u0341\u0343",
+    "\u0374",
+    "\u037e",
+    "\u0387",
+    "\u1f71",
+    "\u1fbb",
+    "a\u0305\u0301",
+    "a\u0301\u0305",
+    "a\u0300\u0300",
+    "a\u0316\u0300\u0301",
+    "\u00e0\u0316",
+    "\u0b47\u0b3e",
+    "\u0b47\u0b56",
+    "\u0b47\u0b3c\u0b3e",
+    "\u0dd9\u0dcf\u0dca",
+    "\u0dd9\u0dca\u0dcf",
+    "\u1025\u102e",
+    "\u0cc6\u0cc2\u0cd5",
+    "\u09c7\u09be",
+    "\u1b05\u1b35",
+    "\u0300a",
+    "\u0301\u0300",
+    "\u0315\u0300\u05ae\u0300b",
+    "a\u05ae\u0300\u0301\u0315",
+    "\u03b1\u0313\u0300\u0345",
+    "\u03b1\u0345\u0300\u0313",
+    "\u1f82",
+    "\u1fb7\u0301",
+    "\u0fb2\u0f80\u0f81",
+    "\u0fb3\u0f71\u0f80",
+    "\U0001d15e\U0001d165",
+    "\U0001d15f\U0001d16e",
+    "\U00011099\U000110ba",
+    "\U0001133b\U00011347\U0001133e",
+    "\U00011347\U0001133e",
+    "e\u0301" * 50,
+    "\u0301" * 300 + "a",
+    "a" + "\u0323\u0301" * 150,
+    "\u00c7\u0301",
+    "C\u0327\u0301",
+    "\u1e09",
+    "\u01d5",
+    "u\u0308\u0304",
+    "u\u0304\u0308",
+    "\u0069\u0307\u0301",
     # newer than Unicode 9.0, so starters that neither decompose nor compose in HF's NFC: a mark of
     # 10.0 (U+1DF6, class 232) that 14.0 would move after U+0301 and let é compose, one of 14.0,
     # and compositions of 13.0 (Dives Akuru) and 16.0 (Tulu-Tigalari, Gurung Khema, Kirat Rai)
-    "e\u1df6\u0301", "a\u0898\u0300", "\U00011935\U00011930", "\U000113c2\U000113c2",
-    "\U0001611e\U0001611e", "\U00016d63\U00016d67", "\u1100\u1161\U0001611e",
+    "e\u1df6\u0301",
+    "a\u0898\u0300",
+    "\U00011935\U00011930",
+    "\U000113c2\U000113c2",
+    "\U0001611e\U0001611e",
+    "\U00016d63\U00016d67",
+    "\u1100\u1161\U0001611e",
 ]
 
 
 @pytest.mark.parametrize("s", SEQUENCES, ids=[s[:8].encode("unicode_escape").decode() for s in SEQUENCES])
 def test_nfc_sequences(uc, s):
     assert uc.nfc(s) == nfc(s)
-    d = unicodedata.normalize("NFD", s)        # Python's 14.0 NFD: another input, not the expected output
+    d = unicodedata.normalize("NFD", s)  # Python's 14.0 NFD: another input, not the expected output
     assert uc.nfc(d) == nfc(d)
 
 
@@ -268,13 +406,46 @@ def test_nfc_short_output_buffer(uc):
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(s=st.one_of(
-    st.text(max_size=40),
-    st.text(st.characters(codec="utf-8"), max_size=40),
-    st.lists(st.sampled_from(["a", "e", "\u0300", "\u0301", "\u0323", "\u0327", "\u0345", "\u03b1",
-                              "\u0313", "\u1100", "\u1161", "\u11a8", "\uac00", "\u0b47", "\u0b3e",
-                              "\u0b56", "\u0958", "\u093c", "\u2126", "\u0344", "\u05ae", "\u0315",
-                              "\u1f00", "\u00c7", "\u0f71", "\u0f72", "\u0f80"]), max_size=30).map("".join)))
+@given(
+    s=st.one_of(
+        st.text(max_size=40),
+        st.text(st.characters(codec="utf-8"), max_size=40),
+        st.lists(
+            st.sampled_from(
+                [
+                    "a",
+                    "e",
+                    "\u0300",
+                    "\u0301",
+                    "\u0323",
+                    "\u0327",
+                    "\u0345",
+                    "\u03b1",
+                    "\u0313",
+                    "\u1100",
+                    "\u1161",
+                    "\u11a8",
+                    "\uac00",
+                    "\u0b47",
+                    "\u0b3e",
+                    "\u0b56",
+                    "\u0958",
+                    "\u093c",
+                    "\u2126",
+                    "\u0344",
+                    "\u05ae",
+                    "\u0315",
+                    "\u1f00",
+                    "\u00c7",
+                    "\u0f71",
+                    "\u0f72",
+                    "\u0f80",
+                ]
+            ),
+            max_size=30,
+        ).map("".join),
+    )
+)
 def test_nfc_hypothesis(uc, s):
     assert uc.nfc(s) == nfc(s)
 
@@ -283,7 +454,8 @@ def test_nfc_hypothesis(uc, s):
 def _first_differences(got: np.ndarray, want: np.ndarray, what: str) -> str:
     bad = np.flatnonzero(got != want)
     return f"{bad.size} code points differ from HF's {what}: " + ", ".join(
-        f"U+{int(c):04X} (HF {int(want[c])}, here {int(got[c])})" for c in bad[:12])
+        f"U+{int(c):04X} (HF {int(want[c])}, here {int(got[c])})" for c in bad[:12]
+    )
 
 
 @pytest.mark.oracle
@@ -291,6 +463,7 @@ def test_regex_classes_are_hf_s(uc):
     """\\p{L}, \\p{N} and \\s as HF's regex engine matches every code point, against both backends."""
     pytest.importorskip("tokenizers")
     from mlconf.tools import unicode_probe
+
     hf = unicode_probe.hf_classes().astype(np.int32)
     ref = expected_classes() & 3
     assert np.array_equal(ref, hf), _first_differences(ref, hf, "regex classes")
@@ -303,6 +476,7 @@ def test_digits_numeric_is_hf_s(uc):
     """What Digits(individual_digits=True) splits off, every code point, against both backends."""
     pytest.importorskip("tokenizers")
     from mlconf.tools import unicode_probe
+
     hf = unicode_probe.hf_numeric().astype(np.int32)
     ref = (expected_classes() >> 2) & 1
     assert np.array_equal(ref, hf), _first_differences(ref, hf, "Digits")
@@ -317,16 +491,19 @@ def test_nfc_is_hf_s(uc):
     pytest.importorskip("tokenizers")
     pytest.importorskip("unicodedataplus")
     from mlconf.tools import unicode_probe
+
     texts = unicode_probe.nfc_probe_texts()
     hf = unicode_probe.hf_nfc(texts)
     ref = [nfc(t) for t in texts]
     bad = [i for i, (a, b) in enumerate(zip(ref, hf, strict=True)) if a != b]
     assert not bad, f"{len(bad)} of {len(texts)} texts differ from HF's NFC (reference): " + ", ".join(
-        f"{_hex(texts[i])} -> HF {_hex(hf[i])}, here {_hex(ref[i])}" for i in bad[:8])
+        f"{_hex(texts[i])} -> HF {_hex(hf[i])}, here {_hex(ref[i])}" for i in bad[:8]
+    )
     native = uc.nfc(unicode_probe.SEP.join(texts)).split(unicode_probe.SEP)
     bad = [i for i, (a, b) in enumerate(zip(native, hf, strict=True)) if a != b]
     assert not bad, f"{len(bad)} of {len(texts)} texts differ from HF's NFC (native): " + ", ".join(
-        f"{_hex(texts[i])} -> HF {_hex(hf[i])}, here {_hex(native[i])}" for i in bad[:8])
+        f"{_hex(texts[i])} -> HF {_hex(hf[i])}, here {_hex(native[i])}" for i in bad[:8]
+    )
 
 
 def _hex(s: str) -> str:
@@ -362,8 +539,11 @@ int main(int argc, char **argv) {
 
 def _driver(tmp: Path, cc: list[str], so: Path) -> Path:
     (tmp / "driver.c").write_text(DRIVER, encoding="utf-8")
-    r = subprocess.run([*cc, str(tmp / "driver.c"), str(so), f"-Wl,-rpath,{so.parent}", "-o",
-                        str(tmp / "driver")], capture_output=True, encoding="utf-8")
+    r = subprocess.run(
+        [*cc, str(tmp / "driver.c"), str(so), f"-Wl,-rpath,{so.parent}", "-o", str(tmp / "driver")],
+        capture_output=True,
+        encoding="utf-8",
+    )
     if r.returncode:
         pytest.skip(f"{' '.join(cc)} cannot link a driver: {r.stderr.strip()[:200]}")
     return tmp / "driver"
@@ -392,6 +572,7 @@ def aarch64_driver(tmp_path_factory) -> list[str]:
     if platform.machine() in ("aarch64", "arm64"):
         pytest.skip("on aarch64 the library itself is the aarch64 build")
     from mlconf.backends.native import qemu
+
     why = qemu.missing_tools()
     if why:
         pytest.skip(why)
@@ -435,8 +616,9 @@ def test_sanitizer_build(asan_driver):
     for _ in range(50):
         data = rng.choice([0x41, 0x80, 0xBF, 0xC2, 0xE0, 0xED, 0xF0, 0xF4, 0xFF, 0x9F], 64).astype(np.uint8)
         assert _run(asan_driver, "decode", data.tobytes()).size <= 64
-        cps = rng.choice([0x41, 0x300, 0x301, 0x323, 0x345, 0x3B1, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x1F82],
-                         64)
+        cps = rng.choice(
+            [0x41, 0x300, 0x301, 0x323, 0x345, 0x3B1, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x1F82], 64
+        )
         got = _run(asan_driver, "nfc", cps)
         assert "".join(map(chr, got.tolist())) == nfc("".join(map(chr, cps)))
 

@@ -58,8 +58,9 @@ def test_wrong_status_fails_and_names_the_rule(suite):
 
 
 def test_backend_option_repeats(suite):
-    r = suite.runpytest("--mlconf-backend", "reference", "--mlconf-backend", "fake-none", "-k",
-                        "format.wtype")
+    r = suite.runpytest(
+        "--mlconf-backend", "reference", "--mlconf-backend", "fake-none", "-k", "format.wtype"
+    )
     o = r.parseoutcomes()
     assert o.get("passed") == 3 and o.get("unsupported") == 3
 
@@ -91,10 +92,12 @@ def test_deprecated_aliases_still_work_and_warn(suite):
 
 def test_a_project_s_own_backend_option_wins(pytester):
     """A project whose conftest defines --backend keeps it; the plugin's new names still work."""
-    pytester.makeconftest("def pytest_addoption(parser):\n"
-                          "    parser.addoption('--backend', default='theirs')\n")
-    pytester.makepyfile(test_own="def test_own(request):\n"
-                                 "    assert request.config.getoption('backend') == 'mine'\n")
+    pytester.makeconftest(
+        "def pytest_addoption(parser):\n    parser.addoption('--backend', default='theirs')\n"
+    )
+    pytester.makepyfile(
+        test_own="def test_own(request):\n    assert request.config.getoption('backend') == 'mine'\n"
+    )
     r = pytester.runpytest("--backend", "mine")
     assert r.ret == 0 and r.parseoutcomes().get("passed") == 1, r.stdout.str()
 
@@ -105,17 +108,21 @@ def test_under_xdist_the_outcomes_are_the_serial_ones(suite):
     serial = suite.runpytest(*args).parseoutcomes()
     parallel = suite.runpytest(*args, "-n", "2").parseoutcomes()
     assert serial.get("passed") and serial.get("unsupported")
-    assert {k: parallel.get(k) for k in ("passed", "unsupported", "failed")} == \
-        {k: serial.get(k) for k in ("passed", "unsupported", "failed")}
+    assert {k: parallel.get(k) for k in ("passed", "unsupported", "failed")} == {
+        k: serial.get(k) for k in ("passed", "unsupported", "failed")
+    }
 
 
 def test_loading_the_plugin_imports_nothing_heavy():
     import subprocess
     import sys
-    code = ("import sys, mlconf.plugin\n"
-            "heavy = ('mlconf.cases', 'mlconf.runner', 'mlconf.backends', 'numpy')\n"
-            "heavy = [m for m in heavy if m in sys.modules]\n"
-            "assert not heavy, heavy\n")
+
+    code = (
+        "import sys, mlconf.plugin\n"
+        "heavy = ('mlconf.cases', 'mlconf.runner', 'mlconf.backends', 'numpy')\n"
+        "heavy = [m for m in heavy if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8")
     assert r.returncode == 0, r.stderr
 
@@ -129,11 +136,28 @@ def test_the_installed_suite_under_xdist(tmp_path):
     import sys
 
     def counts(*extra):
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--pyargs", "mlconf.suite",
-                            "-p", "no:cacheprovider", *extra], cwd=tmp_path, capture_output=True,
-                           encoding="utf-8", timeout=1800)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "--pyargs",
+                "mlconf.suite",
+                "-p",
+                "no:cacheprovider",
+                *extra,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            encoding="utf-8",
+            timeout=1800,
+        )
         assert r.returncode == 0, r.stdout[-3000:]
-        return dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|skipped|failed|unsupported)",
-                                                       r.stdout.splitlines()[-1]))
+        return dict(
+            (k, int(n))
+            for n, k in re.findall(r"(\d+) (passed|skipped|failed|unsupported)", r.stdout.splitlines()[-1])
+        )
+
     serial, parallel = counts(), counts("-n", "2")
     assert serial.get("passed", 0) > 500 and parallel == serial

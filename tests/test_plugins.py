@@ -38,10 +38,12 @@ PY = shlex.quote(sys.executable)
 MLCONF = [sys.executable, "-c", "import sys; from mlconf.cli import main; sys.exit(main())"]
 
 # the --wrong runtime rounds with ties to even: exactly these cases have a tie after the multiply
-WRONG_FAILS = {"quant/q8_0/ties_after_the_multiply",
-               "quant/q8_0/half_minus_ulp_rounds_up_subnormals_minus_zero",
-               "quant/q8_0_f16/scale_ties_to_even",
-               "quant/q8_0_f16/subnormal_scale_needs_clamp"}
+WRONG_FAILS = {
+    "quant/q8_0/ties_after_the_multiply",
+    "quant/q8_0/half_minus_ulp_rounds_up_subnormals_minus_zero",
+    "quant/q8_0_f16/scale_ties_to_even",
+    "quant/q8_0_f16/subnormal_scale_needs_clamp",
+}
 
 
 def cmd_name(script: Path, *args: str) -> str:
@@ -104,8 +106,9 @@ def test_example_runtime_passes_q8_0(quant_cases):
     finally:
         b.close()
     q8 = {k: r for k, r in res.items() if is_q8(k)}
-    assert len(q8) >= 20 and {r.outcome for r in q8.values()} == {"pass"}, \
-        [(k, r.outcome, r.detail) for k, r in q8.items() if r.outcome != "pass"]
+    assert len(q8) >= 20 and {r.outcome for r in q8.values()} == {"pass"}, [
+        (k, r.outcome, r.detail) for k, r in q8.items() if r.outcome != "pass"
+    ]
     other = [r for k, r in res.items() if not is_q8(k)]
     assert other and {r.outcome for r in other} == {"unsupported"}
     assert all("does not declare quantize_q4_0" in r.detail for r in other)
@@ -123,7 +126,7 @@ def test_example_runtime_matches_the_reference_on_random_rows():
         for f16 in (False, True):
             for scale in (1e-6, 1e-3, 1.0, 1e3, 1e5):
                 x = (rng.standard_normal((8, 256)) * scale).astype(np.float32)
-                x[:, ::7] = np.round(x[:, ::7])      # some exact ties
+                x[:, ::7] = np.round(x[:, ::7])  # some exact ties
                 (rq, rd), (q, d) = ref.quantize_q8_0(x, f16), b.quantize_q8_0(x, f16)
                 assert (q.dtype, q.shape, d.dtype, d.shape) == (rq.dtype, rq.shape, rd.dtype, rd.shape)
                 assert q.tobytes() == rq.tobytes() and d.tobytes() == rd.tobytes(), (f16, scale)
@@ -148,7 +151,7 @@ def test_example_runtime_wrong_is_caught(quant_cases):
     d = res["quant/q8_0_f16/subnormal_scale_needs_clamp"].detail
     assert re.search(r"first at\D{0,30}\b6\b", d), d
     assert re.search(r"got\D{0,12}00\b.*expected\D{0,12}01\b", d), d
-    assert "scales" not in d   # the scale is right; only the rounding of the quants is wrong
+    assert "scales" not in d  # the scale is right; only the rounding of the quants is wrong
 
 
 def test_example_runtime_through_the_cli(tmp_path):
@@ -157,16 +160,34 @@ def test_example_runtime_through_the_cli(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     rel = Q8_RUNTIME.relative_to(ROOT)
     args = ["run", "--area", "quant", "--report", str(tmp_path / "reports")]
-    r = subprocess.run(MLCONF + args + ["-b", f"cmd:python {rel}"], cwd=ROOT, env=env,
-                       capture_output=True, encoding="utf-8", timeout=120)
-    if r.returncode and "--report" in r.stderr and "unrecognized" in r.stderr:   # before reports exist
+    r = subprocess.run(
+        MLCONF + args + ["-b", f"cmd:python {rel}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+    )
+    if r.returncode and "--report" in r.stderr and "unrecognized" in r.stderr:  # before reports exist
         args = args[:3]
-        r = subprocess.run(MLCONF + args + ["-b", f"cmd:python {rel}"], cwd=ROOT, env=env,
-                           capture_output=True, encoding="utf-8", timeout=120)
+        r = subprocess.run(
+            MLCONF + args + ["-b", f"cmd:python {rel}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            encoding="utf-8",
+            timeout=120,
+        )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"cmd:python {rel}" in r.stdout
-    w = subprocess.run(MLCONF + args + ["-b", f"cmd:python {rel} --wrong"], cwd=ROOT, env=env,
-                       capture_output=True, encoding="utf-8", timeout=120)
+    w = subprocess.run(
+        MLCONF + args + ["-b", f"cmd:python {rel} --wrong"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+    )
     assert w.returncode == 1, w.stdout + w.stderr
     assert "ties_after_the_multiply" in w.stdout + w.stderr
 
@@ -175,8 +196,15 @@ def test_example_runtime_through_the_cli(tmp_path):
 def q8_case(first: float) -> cases.Case:
     x = np.zeros(32, dtype=np.float32)
     x[0] = first
-    return cases.Case(f"quant/q8_0/misbehave_{first:g}", "quant", "quantize_q8_0", "test", "bit-exact",
-                      {"f16": False, "x": x}, (bytes(32), bytes(4)))
+    return cases.Case(
+        f"quant/q8_0/misbehave_{first:g}",
+        "quant",
+        "quantize_q8_0",
+        "test",
+        "bit-exact",
+        {"f16": False, "x": x},
+        (bytes(32), bytes(4)),
+    )
 
 
 @pytest.fixture
@@ -199,11 +227,11 @@ def test_crash_names_the_exit_status_and_quotes_stderr(misbehave, tmp_path, monk
     assert r.outcome == "crash"
     assert "exited with status 3 during quantize_q8_0(float32[32], f16=False)" in r.detail
     assert "about to die" in r.detail
-    assert runner.run_case(q8_case(0.5), misbehave, work).outcome == "pass"   # started again
+    assert runner.run_case(q8_case(0.5), misbehave, work).outcome == "pass"  # started again
     assert misbehave.epoch == 2
     r = runner.run_case(q8_case(2.0), misbehave, work)
     assert r.outcome == "crash" and "killed by SIGSEGV" in r.detail, r.detail
-    r = runner.run_case(q8_case(6.0), misbehave, work)     # closes stdout, lives on: killed, a crash
+    r = runner.run_case(q8_case(6.0), misbehave, work)  # closes stdout, lives on: killed, a crash
     assert r.outcome == "crash" and "closed its stdout" in r.detail and "killed" in r.detail, r.detail
     assert runner.run_case(q8_case(0.5), misbehave, work).outcome == "pass"
 
@@ -216,7 +244,7 @@ def test_hang_times_out_and_the_next_call_restarts(misbehave, tmp_path):
     assert time.monotonic() - t0 < 5
     assert r.outcome == "timeout"
     assert "no reply within 0.5 s during quantize_q8_0" in r.detail and "killed" in r.detail
-    misbehave.timeout = 60   # a legit call on a loaded machine may take longer than 0.5 s
+    misbehave.timeout = 60  # a legit call on a loaded machine may take longer than 0.5 s
     assert runner.run_case(q8_case(0.5), misbehave, work).outcome == "pass"
     assert misbehave.epoch == 2
 
@@ -242,9 +270,20 @@ def test_malformed_reply_is_an_error_quoting_it(misbehave, tmp_path):
 
 def test_unknown_op_is_unsupported(misbehave, tmp_path):
     work = runner.Workdir(tmp_path)
-    case = cases.Case("forward/x/prefill", "forward", "forward", "test", "toleranced",
-                      {"model": tmp_path / "m.mlb", "tokens": np.array([1, 2]), "mode": "prefill",
-                       "tolerance": "logits_runtime_vs_oracle"}, np.zeros((2, 4), np.float32))
+    case = cases.Case(
+        "forward/x/prefill",
+        "forward",
+        "forward",
+        "test",
+        "toleranced",
+        {
+            "model": tmp_path / "m.mlb",
+            "tokens": np.array([1, 2]),
+            "mode": "prefill",
+            "tolerance": "logits_runtime_vs_oracle",
+        },
+        np.zeros((2, 4), np.float32),
+    )
     r = runner.run_case(case, misbehave, work)
     assert r.outcome == "unsupported" and "unknown op open_model" in r.detail, r.detail
     with pytest.raises(Unsupported, match="unknown op frobnicate"):
@@ -269,7 +308,9 @@ def test_error_kinds_map_to_exceptions(tmp_path):
         "        out = {'ok': True, 'ids': [len(r['text']), len(r['utf8'])]}\n"
         "    else:\n"
         "        out = {'ok': False, 'error': {'kind': 'input', 'message': 'non-finite'}}\n"
-        "    print(json.dumps({'id': r['id'], **out}), flush=True)\n", encoding="utf-8")
+        "    print(json.dumps({'id': r['id'], **out}), flush=True)\n",
+        encoding="utf-8",
+    )
     b = backends.get(cmd_name(p))
     try:
         with pytest.raises(InputError, match="because"):
@@ -280,13 +321,13 @@ def test_error_kinds_map_to_exceptions(tmp_path):
             b.load("internal")
         with pytest.raises(BackendError, match="malformed error reply"):
             b.load("weird")
-        with pytest.raises(NumericError, match="because"):      # decision forward.nonfinite
+        with pytest.raises(NumericError, match="because"):  # decision forward.nonfinite
             b.load("nonfinite")
         with pytest.raises(ValueError, match="non-finite") as e:
             b.quantize_q8_0(np.zeros(32, np.float32), False)
         assert not isinstance(e.value, InputError)
         t = b.open_tokenizer("t.mlt")
-        assert t.encode("h\u00e9") == [2, 4]       # base64 of 3 UTF-8 bytes is 4 characters
+        assert t.encode("h\u00e9") == [2, 4]  # base64 of 3 UTF-8 bytes is 4 characters
     finally:
         b.close()
 
@@ -318,9 +359,25 @@ def installed_example(tmp_path_factory) -> Path:
     src = tmp / "src"
     shutil.copytree(PLUGIN_SRC, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = tmp / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-                        "--no-index", "--no-compile", "-q", "--target", str(target), str(src)],
-                       capture_output=True, encoding="utf-8", timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--no-compile",
+            "-q",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+    )
     if r.returncode:
         pytest.skip(f"pip cannot build examples/plugin_backend offline: {r.stderr.strip()[-300:]}")
     assert list(target.glob("mlconf_example_q8-*.dist-info/entry_points.txt"))
@@ -332,7 +389,7 @@ def test_entry_point_plugin_passes_q8_0(installed_example, plugin_path, quant_ca
     info = {p.name: p for p in backends.plugins()}
     assert info["example-q8"].error == "" and "mlconf_example_q8:factory" in info["example-q8"].value
     assert "mlconf-example-q8 0.1.0" in info["example-q8"].dist.replace("_", "-")
-    assert "example-q8" not in backends.builtin_names()     # plug-ins run only when named
+    assert "example-q8" not in backends.builtin_names()  # plug-ins run only when named
     b = backends.get("example-q8")
     assert b.name == "example-q8" and b.capabilities == {"quantize_q8_0"}
     res = run_quant(b, quant_cases)
@@ -342,14 +399,28 @@ def test_entry_point_plugin_passes_q8_0(installed_example, plugin_path, quant_ca
 
 
 def test_entry_point_plugin_through_the_cli(installed_example, tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(installed_example),
-                                                         os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run(MLCONF + ["run", "-b", "example-q8", "--area", "quant", "-k", "q8_0",
-                                 "--report", str(tmp_path / "reports")],
-                       cwd=tmp_path, env=env, capture_output=True, encoding="utf-8", timeout=120)
-    if r.returncode and "unrecognized" in r.stderr:   # a CLI without --report
-        r = subprocess.run(MLCONF + ["run", "-b", "example-q8", "--area", "quant", "-k", "q8_0"],
-                           cwd=tmp_path, env=env, capture_output=True, encoding="utf-8", timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(installed_example), os.environ.get("PYTHONPATH", "")]),
+    }
+    r = subprocess.run(
+        MLCONF
+        + ["run", "-b", "example-q8", "--area", "quant", "-k", "q8_0", "--report", str(tmp_path / "reports")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+    )
+    if r.returncode and "unrecognized" in r.stderr:  # a CLI without --report
+        r = subprocess.run(
+            MLCONF + ["run", "-b", "example-q8", "--area", "quant", "-k", "q8_0"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            encoding="utf-8",
+            timeout=120,
+        )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "example-q8" in r.stdout
 
@@ -371,13 +442,16 @@ def broken_site(tmp_path) -> Path:
     site = tmp_path / "site"
     di = site / "mlconf_broken-0.1.dist-info"
     di.mkdir(parents=True)
-    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: mlconf-broken\nVersion: 0.1\n",
-                                 encoding="utf-8")
+    (di / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: mlconf-broken\nVersion: 0.1\n", encoding="utf-8"
+    )
     (di / "entry_points.txt").write_text(BROKEN_ENTRY_POINTS, encoding="utf-8")
     (site / "mlconf_raising_plugin.py").write_text(
         "VALUE = 42\n\n"
         "def factory(name):\n    raise RuntimeError('no GPU found')\n\n"
-        "def not_a_backend(name):\n    return object()\n", encoding="utf-8")
+        "def not_a_backend(name):\n    return object()\n",
+        encoding="utf-8",
+    )
     return site
 
 
@@ -395,31 +469,46 @@ def test_broken_plugins_do_not_break_mlconf(broken_site, plugin_path):
     with pytest.raises(BackendError) as e:
         backends.get("broken-import")
     msg = str(e.value)
-    assert ("'broken-import'" in msg and "mlconf_no_such_module_xyz:factory" in msg
-            and "mlconf.backends" in msg and "mlconf-broken 0.1" in msg and "ModuleNotFoundError" in msg), msg
-    with pytest.raises(BackendError, match=r"factory of plug-in 'broken-factory' .* raised RuntimeError: "
-                                           r"no GPU found"):
+    assert (
+        "'broken-import'" in msg
+        and "mlconf_no_such_module_xyz:factory" in msg
+        and "mlconf.backends" in msg
+        and "mlconf-broken 0.1" in msg
+        and "ModuleNotFoundError" in msg
+    ), msg
+    with pytest.raises(
+        BackendError,
+        match=r"factory of plug-in 'broken-factory' .* raised RuntimeError: "
+        r"no GPU found",
+    ):
         backends.get("broken-factory")
     with pytest.raises(BackendError, match="not a callable factory"):
         backends.get("not-callable")
     with pytest.raises(BackendError, match="returned object, not a backend"):
         backends.get("not-a-backend")
-    assert backends.get("reference").name == "reference"       # the built-in wins
+    assert backends.get("reference").name == "reference"  # the built-in wins
     assert "broken-import" not in backends.builtin_names()
 
 
 def test_mlconf_backends_still_works_with_broken_plugins(broken_site, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken_site), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run(MLCONF + ["backends"], cwd=tmp_path, env=env, capture_output=True, encoding="utf-8",
-                       timeout=120)
+    r = subprocess.run(
+        MLCONF + ["backends"], cwd=tmp_path, env=env, capture_output=True, encoding="utf-8", timeout=120
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "reference" in r.stdout
-    listed = r.stdout.split("Plug-ins", 1)[1]   # each plug-in with its state
+    listed = r.stdout.split("Plug-ins", 1)[1]  # each plug-in with its state
     assert "broken-import: mlconf_no_such_module_xyz:factory (mlconf-broken 0.1)" in listed, listed
     assert "ModuleNotFoundError" in listed, listed
     assert "the built-in backend 'reference' has that name" in listed, listed
-    r = subprocess.run(MLCONF + ["run", "-b", "broken-factory", "--area", "quant"], cwd=tmp_path, env=env,
-                       capture_output=True, encoding="utf-8", timeout=120)
+    r = subprocess.run(
+        MLCONF + ["run", "-b", "broken-factory", "--area", "quant"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+    )
     assert r.returncode == 4 and "no GPU found" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 

@@ -45,8 +45,16 @@ def test_cos_sin_agree_with_libm():
     # up to 1.5e6 the Cody-Waite reduction, beyond it the exact one (a RoPE base near 0, as a
     # fuzzed rope_local_theta of 1e-45, gives angles of 1e39)
     big = 10.0 ** RNG.uniform(6, 308, 5000)
-    x = np.concatenate([RNG.uniform(0, 1.5e6, 20000), RNG.uniform(-10, 10, 20000), np.arange(4096.0) * 0.7,
-                        big, -big, [1.5e6, np.nextafter(1.5e6, 0), 1.7976931348623157e308]])
+    x = np.concatenate(
+        [
+            RNG.uniform(0, 1.5e6, 20000),
+            RNG.uniform(-10, 10, 20000),
+            np.arange(4096.0) * 0.7,
+            big,
+            -big,
+            [1.5e6, np.nextafter(1.5e6, 0), 1.7976931348623157e308],
+        ]
+    )
     c, s = P.cos_sin64(x)
     # measured: 2.2e-16 (one ulp of 1) for both
     assert np.max(np.abs(c - _libm(math.cos, x))) <= 4.5e-16
@@ -88,8 +96,15 @@ def test_matmul_is_the_float32_loop_in_k_order():
         for k in range(70):
             acc = np.float32(acc + np.float32(x[b, i, k] * w[b, j, k]))
         assert got[b, i, j] == acc
-    near = np.array([[[math.fsum((x[b, i].astype(float) * w[b, j].astype(float)).tolist()) for j in range(4)]
-                      for i in range(5)] for b in range(2)])
+    near = np.array(
+        [
+            [
+                [math.fsum((x[b, i].astype(float) * w[b, j].astype(float)).tolist()) for j in range(4)]
+                for i in range(5)
+            ]
+            for b in range(2)
+        ]
+    )
     assert np.max(np.abs(got - near)) < 1e-5  # and close to the exact sum
     # integers: every partial sum is exact, so the result is too; a broadcast leading axis
     xi = RNG.integers(-100, 100, size=(3, 6, 33)).astype(np.float32)

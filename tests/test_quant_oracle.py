@@ -89,14 +89,20 @@ FINITE = st.floats(min_value=-golden.F16_MAX_M, max_value=golden.F16_MAX_M, widt
 @st.composite
 def blocks(draw) -> list[float]:
     scale = draw(st.sampled_from([1.0, 2.0**-20, 2.0**-60, 2.0**-110]))
-    vals = draw(st.lists(st.one_of(FINITE, st.integers(-16, 16).map(lambda k: k / 2)),
-                         min_size=32, max_size=32))
+    vals = draw(
+        st.lists(st.one_of(FINITE, st.integers(-16, 16).map(lambda k: k / 2)), min_size=32, max_size=32)
+    )
     return [v * scale for v in vals]
 
 
 @pytest.mark.oracle
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(block=blocks())
 def test_gguf_equals_reference_hypothesis(gguf, block):
     x = np.array([block], dtype=np.float32)

@@ -111,8 +111,9 @@ def oracle_q4_0_round(x: Sequence[float], f16: bool) -> tuple[bytes, bytes]:
     return nibbles(levels), f16_bytes(d) if f16 else f32_bytes(d)
 
 
-def oracle_q4_0_search(x: Sequence[float], f16: bool,
-                       weights: Sequence[float] | None = None) -> tuple[bytes, bytes]:
+def oracle_q4_0_search(
+    x: Sequence[float], f16: bool, weights: Sequence[float] | None = None
+) -> tuple[bytes, bytes]:
     amax = max(abs(v) for v in x)
     if amax == 0:
         d, levels = 0.0, [0] * BLOCK
@@ -294,18 +295,49 @@ def test_oracle_seeded(op):
     assert_blocks_match(op, seeded_blocks(20240611))
 
 
-SPECIALS = [0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 126.5, 127.0, -127.0, 8.0, -8.0, 7.5, -7.5,
-            float.fromhex("0x1.fffffep-2"), float.fromhex("-0x1.fffffep-2"), float.fromhex("0x1.fffffcp-2"),
-            2.0**-149, -(2.0**-149), 2.0**-126, ONE_E_30, float.fromhex("0x1.4484bep-100"),
-            65504.0 * 127, 65504.5 * 127, 65504.0 * 8, FLT_MAX, -FLT_MAX, ONE_E_6, 2.0**40, 2.0**43]
+SPECIALS = [
+    0.0,
+    -0.0,
+    0.5,
+    -0.5,
+    1.5,
+    2.5,
+    -2.5,
+    126.5,
+    127.0,
+    -127.0,
+    8.0,
+    -8.0,
+    7.5,
+    -7.5,
+    float.fromhex("0x1.fffffep-2"),
+    float.fromhex("-0x1.fffffep-2"),
+    float.fromhex("0x1.fffffcp-2"),
+    2.0**-149,
+    -(2.0**-149),
+    2.0**-126,
+    ONE_E_30,
+    float.fromhex("0x1.4484bep-100"),
+    65504.0 * 127,
+    65504.5 * 127,
+    65504.0 * 8,
+    FLT_MAX,
+    -FLT_MAX,
+    ONE_E_6,
+    2.0**40,
+    2.0**43,
+]
 
 
 @st.composite
 def blocks(draw) -> list[float]:
     kind = draw(st.sampled_from(["any", "ties", "specials"]))
     if kind == "any":
-        return draw(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
-                             min_size=BLOCK, max_size=BLOCK))
+        return draw(
+            st.lists(
+                st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=BLOCK, max_size=BLOCK
+            )
+        )
     if kind == "ties":
         # k/2 * 2^e: with the largest |k| = 254, x * 127/amax lands on k/2 exactly (ties at odd k).
         e = draw(st.integers(-140, 100))
@@ -315,8 +347,13 @@ def blocks(draw) -> list[float]:
     return draw(st.lists(pool, min_size=BLOCK, max_size=BLOCK))
 
 
-HYP = settings(max_examples=150, deadline=None, derandomize=True, database=None,
-               suppress_health_check=[HealthCheck.too_slow])
+HYP = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -477,8 +514,9 @@ def test_bad_shape_and_dtype_refused(op):
         REFERENCE[op](np.float32(1.0))
 
 
-@pytest.mark.parametrize("op,big", [("q8_0_f16", 65504.5 * 127), ("q4_0_round_f16", 65504.5 * 8),
-                                    ("q4_0_search_f16", 65504.5 * 8)])
+@pytest.mark.parametrize(
+    "op,big", [("q8_0_f16", 65504.5 * 127), ("q4_0_round_f16", 65504.5 * 8), ("q4_0_search_f16", 65504.5 * 8)]
+)
 def test_f16_scale_limit(op, big):
     # One refused block refuses the call; a block whose |d| is exactly 65504 is stored.
     x = (np.random.default_rng(10).standard_normal((4, BLOCK)) * 10).astype(np.float32)
@@ -543,7 +581,7 @@ def test_search_with_importance_matches_oracle(f16):
             i = r * nb + b
             sl = slice(b * BLOCK, (b + 1) * BLOCK)
             want = oracle_q4_0_search(x[r, sl].tolist(), f16, weights[r][sl])
-            assert (qs[i].tobytes(), d[i:i + 1].tobytes()) == want, f"row {r} block {b}"
+            assert (qs[i].tobytes(), d[i : i + 1].tobytes()) == want, f"row {r} block {b}"
     # the weighting changes the result somewhere, or the test would not see a missing imatrix
     assert quant.q4_0_search(x, f16=f16)[0].tobytes() != qs.tobytes()
 

@@ -35,15 +35,23 @@ def test_the_command_is_the_documented_one():
 
 def test_readme_gate_passes_on_libmlrt(tmp_path):
     from mlconf.backends.native import build
+
     lib = build.LIBRARIES["mlrt"][1]
     if not Path(lib).exists():
         build.build()
     shutil.copy(lib, tmp_path / "libmyruntime.so")
     cmd = readme_gate_command()
-    r = subprocess.run([sys.executable, "-m", "mlconf.cli", *cmd[1:]], cwd=tmp_path, capture_output=True,
-                       text=True, encoding="utf-8", timeout=1800)
-    assert r.returncode == 0, (f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-3000:]}\n"
-                               f"{r.stderr[-2000:]}")
+    r = subprocess.run(
+        [sys.executable, "-m", "mlconf.cli", *cmd[1:]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=1800,
+    )
+    assert r.returncode == 0, (
+        f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}"
+    )
     results = json.loads((tmp_path / "reports" / "results.json").read_text(encoding="utf-8"))
     outcomes = {rec["outcome"] for rec in results["records"]}
     assert outcomes == {"pass"}, outcomes

@@ -22,7 +22,7 @@ from mlconf.tools.golden_tokenizers import corpus, texts
 
 pytestmark = pytest.mark.slow
 
-PACKAGES = {n: npm_tokenizers.PACKAGES[n] for n in ("llama2", "llama3", "qwen3")}   # the ones .mlt expresses
+PACKAGES = {n: npm_tokenizers.PACKAGES[n] for n in ("llama2", "llama3", "qwen3")}  # the ones .mlt expresses
 # what each must convert to: (kind, flags, bos, eos)
 EXPECT = {"llama2": (1, 1, 1, 2), "llama3": (2, 2, 128000, 128001), "qwen3": (2, 24, -1, 151645)}
 
@@ -41,6 +41,7 @@ def packed(tmp_path_factory) -> dict[str, tuple[str, Path]]:
 def cases() -> dict[str, str]:
     pytest.importorskip("unicodedataplus")
     from mlconf.tools import unicode_probe
+
     blocks = unicode_probe.script_block_texts()
     assert len(blocks) >= 200
     return {**texts(), **{f"corpus_{i}": line for i, line in enumerate(corpus()[:300])}, **blocks}
@@ -52,7 +53,7 @@ def test_real_tokenizer_matches_hf(name, packed, cases, tmp_path, record_propert
     package, folder = packed[name]
     print(f"{name}: {package}")
     record_property("package", package)
-    tok = convert_tokenizer.build(folder / "tokenizer.json")   # with the tokenizer_config.json beside it
+    tok = convert_tokenizer.build(folder / "tokenizer.json")  # with the tokenizer_config.json beside it
     assert (tok.kind, tok.flags, tok.bos, tok.eos) == EXPECT[name], package
     hf = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     want = {k: hf.encode(t, add_special_tokens=True).ids for k, t in cases.items()}
@@ -74,8 +75,18 @@ def test_real_tokenizer_matches_hf(name, packed, cases, tmp_path, record_propert
 # llama.cpp 0.3.36 (llama-vocab.cpp) marks a vocabulary piece with one of these texts as an
 # end-of-generation control token even when the tokenizer has it as an ordinary piece, and then
 # matches it in text like an added token (special tokens parsed)
-LLAMA_CPP_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>",
-                       "<|eom_id|>", "<EOT>", "<|end_of_text|>", "<eos>")
+LLAMA_CPP_EOG_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "<|end_of_text|>",
+    "<eos>",
+)
 # what llama.cpp must give HF's ids on, per tokenizer: every text but the README's departures
 LLAMA_CPP_DEPARTS = {"llama2": set(), "llama3": {"unicode"}, "qwen3": {"unicode", "nfc", "eog"}}
 
@@ -88,6 +99,7 @@ def _departure(tok, text: str, added: set[str]) -> str | None:
     import unicodedata
 
     import unicodedataplus
+
     if any(unicodedataplus.category(c)[0] in "LN" and unicodedata.category(c) == "Cn" for c in text):
         return "unicode"
     if tok.flags & 8 and unicodedata.normalize("NFC", text) != text:
@@ -111,8 +123,11 @@ def test_llama_cpp_departs_from_hf_only_where_the_readme_says(name, packed, case
     backend = get("llama.cpp")
     try:
         session = backend.open_tokenizer(str(tmp_path / f"{name}.mlt"))
-        differ = {k: _departure(tok, t, added) for k, t in cases.items()
-                  if session.encode(t) != hf.encode(t, add_special_tokens=True).ids}
+        differ = {
+            k: _departure(tok, t, added)
+            for k, t in cases.items()
+            if session.encode(t) != hf.encode(t, add_special_tokens=True).ids
+        }
         session.close()
     finally:
         backend.close()

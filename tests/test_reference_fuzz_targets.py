@@ -21,8 +21,8 @@ pytest.importorskip("atheris", reason="atheris is not installed (the test extra 
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = ROOT / "backends" / "reference" / "fuzz"
-TARGETS = {"fuzz_mlb_load": ".mlb", "fuzz_mlt_load": ".mlt"}     # target -> the files it reads
-DICTS = ROOT / "backends" / "native" / "fuzz"                       # mlb.dict, mlt.dict: shared
+TARGETS = {"fuzz_mlb_load": ".mlb", "fuzz_mlt_load": ".mlt"}  # target -> the files it reads
+DICTS = ROOT / "backends" / "native" / "fuzz"  # mlb.dict, mlt.dict: shared
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +70,21 @@ def test_a_short_campaign_finds_nothing(generated, tmp_path, name):
     for i, p in enumerate(seeds(generated, TARGETS[name])):
         shutil.copy(p, corpus / f"{i}{TARGETS[name]}")
     dictionary = DICTS / f"{TARGETS[name][1:]}.dict"
-    r = subprocess.run([sys.executable, str(FUZZ / f"{name}.py"), f"-dict={dictionary}", "-runs=2000",
-                        "-seed=1", "-max_len=65536", f"-artifact_prefix={tmp_path}/", str(corpus)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(FUZZ / f"{name}.py"),
+            f"-dict={dictionary}",
+            "-runs=2000",
+            "-seed=1",
+            "-max_len=65536",
+            f"-artifact_prefix={tmp_path}/",
+            str(corpus),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     done = re.search(r"Done (\d+) runs", r.stderr)  # libFuzzer may finish a mutation round past -runs
     assert done and int(done.group(1)) >= 2000, r.stderr[-3000:]  # seen: "Done 2155 runs"

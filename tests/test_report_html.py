@@ -19,9 +19,21 @@ BACKENDS = ("reference", "native", "bitnet")
 
 
 def _record(case: str, spec: str, backend: str, outcome: str, **kw) -> dict:
-    rec = {"case": case, "area": case.split("/")[0], "spec": spec, "backend": backend,
-           "outcome": outcome, "compare": "status", "output_kind": "statuses", "expected": "OK",
-           "got": "OK", "detail": "", "distances": {}, "tolerance": None, "output_sha256": None}
+    rec = {
+        "case": case,
+        "area": case.split("/")[0],
+        "spec": spec,
+        "backend": backend,
+        "outcome": outcome,
+        "compare": "status",
+        "output_kind": "statuses",
+        "expected": "OK",
+        "got": "OK",
+        "detail": "",
+        "distances": {},
+        "tolerance": None,
+        "output_sha256": None,
+    }
     rec.update(kw)
     return rec
 
@@ -33,47 +45,135 @@ def example(n_cases: int = 12, failures: bool = True, unsafe: str = "") -> dict:
     for i in range(n_cases):
         for b in BACKENDS:
             # header: everyone loads; quant: bitnet lacks the capability; forward: toleranced
-            records.append(_record(f"header/f{i % 5}/{i}", f"mlb_header.yaml#field{i % 5}", b, "pass",
-                                   detail=f"status OK {unsafe}"))
+            records.append(
+                _record(
+                    f"header/f{i % 5}/{i}",
+                    f"mlb_header.yaml#field{i % 5}",
+                    b,
+                    "pass",
+                    detail=f"status OK {unsafe}",
+                )
+            )
             q_out = "unsupported" if b == "bitnet" else "pass"
-            records.append(_record(f"quant/q8_0/c{i}", f"quant.yaml#q8_{i % 3}", b, q_out,
-                                   compare="bit-exact", output_kind="quantizer bytes",
-                                   expected="34 bytes", got="34 bytes" if q_out == "pass" else None,
-                                   distances={"differ": 0, "first_diff": None} if q_out == "pass" else None,
-                                   detail="" if q_out == "pass" else "backend has no quantize capability"))
-            records.append(_record(f"tokenizer/bpe/t{i}", f"tokenizer_texts.yaml#t{i % 4}", b, "pass",
-                                   compare="ids", output_kind="ids", expected=[1, 2, 3], got=[1, 2, 3],
-                                   distances={"first_diff": None, "len_expected": 3, "len_got": 3}))
+            records.append(
+                _record(
+                    f"quant/q8_0/c{i}",
+                    f"quant.yaml#q8_{i % 3}",
+                    b,
+                    q_out,
+                    compare="bit-exact",
+                    output_kind="quantizer bytes",
+                    expected="34 bytes",
+                    got="34 bytes" if q_out == "pass" else None,
+                    distances={"differ": 0, "first_diff": None} if q_out == "pass" else None,
+                    detail="" if q_out == "pass" else "backend has no quantize capability",
+                )
+            )
+            records.append(
+                _record(
+                    f"tokenizer/bpe/t{i}",
+                    f"tokenizer_texts.yaml#t{i % 4}",
+                    b,
+                    "pass",
+                    compare="ids",
+                    output_kind="ids",
+                    expected=[1, 2, 3],
+                    got=[1, 2, 3],
+                    distances={"first_diff": None, "len_expected": 3, "len_got": 3},
+                )
+            )
             if b != "reference":
                 nmse = 0.0 if i % 4 == 0 else 10.0 ** (-14 + i % 9)
-                records.append(_record(f"forward/m{i}/vs_reference", "forward.yaml#models", b, "pass",
-                                       compare="toleranced", output_kind="logits", expected="float32[4, 64]",
-                                       got="within", tolerance="logits_runtime_vs_reference",
-                                       distances={"differ": 3, "max_abs": 1e-6, "max_ulp": 12, "nmse": nmse,
-                                                  "argmax": 1.0}))
-            records.append(_record(f"bitnet/embed/e{i}", "i2s.yaml#embed", b,
-                                   "pass" if b == "bitnet" else "unsupported",
-                                   compare="toleranced", output_kind="embeddings", expected="float32[128]",
-                                   got="within" if b == "bitnet" else None, tolerance="embeddings_vs_oracle",
-                                   distances={"nmse": 7e-15, "max_abs": 3.6e-7, "cosine": 1.0}
-                                   if b == "bitnet" else {}))
+                records.append(
+                    _record(
+                        f"forward/m{i}/vs_reference",
+                        "forward.yaml#models",
+                        b,
+                        "pass",
+                        compare="toleranced",
+                        output_kind="logits",
+                        expected="float32[4, 64]",
+                        got="within",
+                        tolerance="logits_runtime_vs_reference",
+                        distances={"differ": 3, "max_abs": 1e-6, "max_ulp": 12, "nmse": nmse, "argmax": 1.0},
+                    )
+                )
+            records.append(
+                _record(
+                    f"bitnet/embed/e{i}",
+                    "i2s.yaml#embed",
+                    b,
+                    "pass" if b == "bitnet" else "unsupported",
+                    compare="toleranced",
+                    output_kind="embeddings",
+                    expected="float32[128]",
+                    got="within" if b == "bitnet" else None,
+                    tolerance="embeddings_vs_oracle",
+                    distances={"nmse": 7e-15, "max_abs": 3.6e-7, "cosine": 1.0} if b == "bitnet" else {},
+                )
+            )
     if failures:
-        records.append(_record("loader/bad_magic", "mlb_errors.yaml#FORMAT.magic", "native", "error",
-                               detail="RuntimeError: worker said no"))
-        records.append(_record("loader/trunc", "mlb_errors.yaml#FORMAT.truncated", "native", "crash",
-                               detail="worker killed by SIGSEGV during load('x.mlb')"))
-        records.append(_record("forward/m99/vs_reference", "forward.yaml#models", "native", "fail",
-                               compare="toleranced", output_kind="logits", expected="float32[4, 64]",
-                               got="outside", tolerance="logits_runtime_vs_reference",
-                               detail="nmse 3.1e-2 > 1e-4; argmax 0.5 < 1",
-                               distances={"differ": 250, "max_abs": 0.7, "max_ulp": 9_000_000,
-                                          "nmse": 3.1e-2, "argmax": 0.5}))
-        records.append(_record("loader/hang", "mlb_errors.yaml#FORMAT.truncated", "native", "timeout",
-                               detail="load took longer than 10 s"))
-        records.append(_record("forward/m98/vs_reference", "forward.yaml#models", "bitnet", "fail",
-                               compare="toleranced", output_kind="logits",
-                               tolerance="logits_runtime_vs_reference",
-                               detail="nan in logits", distances={"nmse": "NaN", "max_abs": "Infinity"}))
+        records.append(
+            _record(
+                "loader/bad_magic",
+                "mlb_errors.yaml#FORMAT.magic",
+                "native",
+                "error",
+                detail="RuntimeError: worker said no",
+            )
+        )
+        records.append(
+            _record(
+                "loader/trunc",
+                "mlb_errors.yaml#FORMAT.truncated",
+                "native",
+                "crash",
+                detail="worker killed by SIGSEGV during load('x.mlb')",
+            )
+        )
+        records.append(
+            _record(
+                "forward/m99/vs_reference",
+                "forward.yaml#models",
+                "native",
+                "fail",
+                compare="toleranced",
+                output_kind="logits",
+                expected="float32[4, 64]",
+                got="outside",
+                tolerance="logits_runtime_vs_reference",
+                detail="nmse 3.1e-2 > 1e-4; argmax 0.5 < 1",
+                distances={
+                    "differ": 250,
+                    "max_abs": 0.7,
+                    "max_ulp": 9_000_000,
+                    "nmse": 3.1e-2,
+                    "argmax": 0.5,
+                },
+            )
+        )
+        records.append(
+            _record(
+                "loader/hang",
+                "mlb_errors.yaml#FORMAT.truncated",
+                "native",
+                "timeout",
+                detail="load took longer than 10 s",
+            )
+        )
+        records.append(
+            _record(
+                "forward/m98/vs_reference",
+                "forward.yaml#models",
+                "bitnet",
+                "fail",
+                compare="toleranced",
+                output_kind="logits",
+                tolerance="logits_runtime_vs_reference",
+                detail="nan in logits",
+                distances={"nmse": "NaN", "max_abs": "Infinity"},
+            )
+        )
     counts = Counter((r["backend"], r["area"], r["outcome"]) for r in records)
     summary = []
     for b in BACKENDS:
@@ -81,22 +181,52 @@ def example(n_cases: int = 12, failures: bool = True, unsafe: str = "") -> dict:
             row = {o: counts[(b, area, o)] for o in report_html.OUTCOMES}
             summary.append({"backend": b, "area": area, **row, "total": sum(row.values())})
     return {
-        "schema": "mlconf-results/1", "mlconf_version": "0.1.0",
-        "run": {"backends": [
-            {"name": "reference", "description": "NumPy reference " + unsafe,
-             "capabilities": ["load", "forward", "quantize_q8_0"]},
-            {"name": "native", "description": "C runtime (avx2)", "capabilities": ["load", "forward"]},
-            {"name": "bitnet", "description": "I2_S path", "capabilities": ["embed", "load"]}],
+        "schema": "mlconf-results/1",
+        "mlconf_version": "0.1.0",
+        "run": {
+            "backends": [
+                {
+                    "name": "reference",
+                    "description": "NumPy reference " + unsafe,
+                    "capabilities": ["load", "forward", "quantize_q8_0"],
+                },
+                {"name": "native", "description": "C runtime (avx2)", "capabilities": ["load", "forward"]},
+                {"name": "bitnet", "description": "I2_S path", "capabilities": ["embed", "load"]},
+            ],
             "areas": ["header", "loader", "quant", "tokenizer", "forward", "bitnet"],
-            "k": None, "strict": False, "jobs": 1},
+            "k": None,
+            "strict": False,
+            "jobs": 1,
+        },
         "records": records,
         "matrix": [
-            {"a": "native", "b": "reference", "kind": "logits", "compared": 26, "identical": 20,
-             "share": 20 / 26, "worst": {"max_ulp": 12, "max_abs": 1e-6, "nmse": 1e-14}},
-            {"a": "native", "b": "reference", "kind": "quantizer bytes", "compared": 53, "identical": 53,
-             "share": 1.0, "worst": {}},
-            {"a": "bitnet", "b": "reference", "kind": "embeddings", "compared": 0, "identical": 0,
-             "share": None, "worst": None},
+            {
+                "a": "native",
+                "b": "reference",
+                "kind": "logits",
+                "compared": 26,
+                "identical": 20,
+                "share": 20 / 26,
+                "worst": {"max_ulp": 12, "max_abs": 1e-6, "nmse": 1e-14},
+            },
+            {
+                "a": "native",
+                "b": "reference",
+                "kind": "quantizer bytes",
+                "compared": 53,
+                "identical": 53,
+                "share": 1.0,
+                "worst": {},
+            },
+            {
+                "a": "bitnet",
+                "b": "reference",
+                "kind": "embeddings",
+                "compared": 0,
+                "identical": 0,
+                "share": None,
+                "worst": None,
+            },
         ],
         "summary": summary,
     }
@@ -115,6 +245,7 @@ def _column(data: dict, key: str) -> list:
 
 
 # ---- without a browser ---------------------------------------------------------------------------
+
 
 def test_no_network_references():
     page = report_html.render(example())
@@ -158,22 +289,33 @@ def test_cell_colours():
         assert c(Counter({"pass": 5, "unsupported": 1, bad: 1})) == "bad", bad
     page = report_html.render(example())
     # quant on bitnet is unsupported only; header passes everywhere; the loader row failed on native
-    row = re.search(r'<tr><th class=feat><span class=file>quant.yaml#</span>q8_0</th>(.*?)</tr>', page)
+    row = re.search(r"<tr><th class=feat><span class=file>quant.yaml#</span>q8_0</th>(.*?)</tr>", page)
     assert row, "no quant.yaml#q8_0 row"
     assert re.findall(r'<td class="(\w+)"', row.group(1)) == ["ok", "ok", "unsup"]
-    row = re.search(r'<tr><th class=feat><span class=file>mlb_errors.yaml#</span>FORMAT.truncated</th>'
-                    r'(.*?)</tr>', page)
+    row = re.search(
+        r"<tr><th class=feat><span class=file>mlb_errors.yaml#</span>FORMAT.truncated</th>"
+        r"(.*?)</tr>",
+        page,
+    )
     assert re.findall(r'<td class="?(\w+)"?', row.group(1)) == ["none", "bad", "none"]
-    row = re.search(r'<tr><th class=feat><span class=file>i2s.yaml#</span>embed</th>(.*?)</tr>', page)
+    row = re.search(r"<tr><th class=feat><span class=file>i2s.yaml#</span>embed</th>(.*?)</tr>", page)
     assert re.findall(r'<td class="(\w+)"', row.group(1)) == ["unsup", "unsup", "ok"]
 
 
 def test_mixed_cell_and_counts():
     res = example(failures=False)
-    res["records"].append(_record("quant/q8_0/extra", "quant.yaml#q8_0", "bitnet", "pass",
-                                  compare="bit-exact", output_kind="quantizer bytes"))
+    res["records"].append(
+        _record(
+            "quant/q8_0/extra",
+            "quant.yaml#q8_0",
+            "bitnet",
+            "pass",
+            compare="bit-exact",
+            output_kind="quantizer bytes",
+        )
+    )
     page = report_html.render(res)
-    row = re.search(r'<tr><th class=feat><span class=file>quant.yaml#</span>q8_0</th>(.*?)</tr>', page)
+    row = re.search(r"<tr><th class=feat><span class=file>quant.yaml#</span>q8_0</th>(.*?)</tr>", page)
     cells = re.findall(r'<td class="(\w+)" title="([^"]*)"><a href="#c\d+\.\d+">([^<]*)</a>', row.group(1))
     assert cells[2] == ("mixed", "1 pass, 4 unsupported", "1\u2713 4\u2013")
 
@@ -202,7 +344,7 @@ def test_sections_and_plot():
     assert "<h3>logits <small>(toleranced)</small></h3>" in bx and "<h3>quantizer bytes</h3>" in bx
     assert "No case of embeddings ran on two backends" in bx  # compared 0: no table
     assert "hsl(120,65%,78%)" in bx  # 100 % of a bit-exact kind: green
-    assert "hsl(210,70%," in bx      # a toleranced kind: the blue scale, whatever its share
+    assert "hsl(210,70%," in bx  # a toleranced kind: the blue scale, whatever its share
     assert "77%<small>20/26</small>" in bx and "100%<small>53/53</small>" in bx
     assert "worst otherwise: max_ulp 12, max_abs 1e-06, nmse 1e-14" in bx
     errors = re.search(r'<section id="errors">(.*?)</section>', page, re.S).group(1)
@@ -226,13 +368,29 @@ def test_robust_to_missing_optional_keys():
 def test_odd_values_do_not_break_the_page():
     nan = float("nan")
     recs = [
-        _record("forward/x/nan", "forward.yaml#x", "native", "fail", compare="toleranced",
-                output_kind="logits", distances={"nmse": nan, "max_abs": float("inf")}, tolerance="no-such"),
-        _record("quant/big", None, "native", "weird-new-outcome", expected=list(range(5000)), got=b"\x00\xff",
-                distances=["not", "a", "dict"]),
+        _record(
+            "forward/x/nan",
+            "forward.yaml#x",
+            "native",
+            "fail",
+            compare="toleranced",
+            output_kind="logits",
+            distances={"nmse": nan, "max_abs": float("inf")},
+            tolerance="no-such",
+        ),
+        _record(
+            "quant/big",
+            None,
+            "native",
+            "weird-new-outcome",
+            expected=list(range(5000)),
+            got=b"\x00\xff",
+            distances=["not", "a", "dict"],
+        ),
     ]
-    page = report_html.render({"records": recs, "matrix": [{"a": "native", "b": "x", "kind": "ids",
-                                                            "compared": 3, "identical": 1}]})
+    page = report_html.render(
+        {"records": recs, "matrix": [{"a": "native", "b": "x", "kind": "ids", "compared": 3, "identical": 1}]}
+    )
     data = _data(page)
     assert _column(data, "distances")[0] == {"nmse": "nan", "max_abs": "inf"}
     assert _column(data, "got")[1] == "00ff"
@@ -252,16 +410,30 @@ def test_size_of_a_3000_record_page():
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run installs it)"
+)
 
 
 def _dump_dom(path: Path, profile: Path) -> tuple[str, list[str]]:
     """The DOM after the page's script ran, and the console lines Chromium logged."""
     proc = subprocess.run(
-        [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-         "--virtual-time-budget=2000", "--dump-dom", path.as_uri()],
-        capture_output=True, encoding="utf-8", timeout=120)
+        [
+            CHROMIUM,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=2000",
+            "--dump-dom",
+            path.as_uri(),
+        ],
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Console messages, uncaught exceptions and CSP refusals all appear as ":CONSOLE" lines;
     # the page logs nothing on its own, so any such line is an error.
@@ -336,6 +508,7 @@ def _real_report(tmp_path: Path) -> tuple[Path, dict]:
     """report.html and results.json of a real `mlconf run` (two quick areas, built-in backends)."""
     reports = pytest.importorskip("mlconf.reports")
     from mlconf import cli
+
     out = tmp_path / "reports"
     cli.main(["run", "--area", "quant", "--area", "forward", "--report", str(out)])
     assert (out / "report.html").exists(), "mlconf run wrote no report.html"
@@ -363,8 +536,9 @@ def test_chromium_console_check_catches_a_fetch(tmp_path):
     refusal is a console line the checks above fail on."""
     page = tmp_path / "report.html"
     html = report_html.render(example())
-    page.write_text(html.replace("<body>", '<body><img src="http://example.invalid/x.png">', 1),
-                    encoding="utf-8")
+    page.write_text(
+        html.replace("<body>", '<body><img src="http://example.invalid/x.png">', 1), encoding="utf-8"
+    )
     _, console = _dump_dom(page, tmp_path / "profile")
     assert any("Content Security Policy" in line and "example.invalid" in line for line in console), console
 
@@ -373,8 +547,10 @@ def test_chromium_console_check_catches_a_fetch(tmp_path):
 def test_chromium_folding_and_bitexact_click(tmp_path):
     page = tmp_path / "report.html"
     html = report_html.render(example())
-    clicks = ('<script>document.getElementById("fold-all").click();'
-              'document.querySelector("#bitexact td.share").click();</script></body>')
+    clicks = (
+        '<script>document.getElementById("fold-all").click();'
+        'document.querySelector("#bitexact td.share").click();</script></body>'
+    )
     page.write_text(html.replace("</body>", clicks, 1), encoding="utf-8")
     dom, console = _dump_dom(page, tmp_path / "profile")
     assert console == []

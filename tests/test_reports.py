@@ -64,8 +64,9 @@ class Wrong(ReferenceBackend):
 @pytest.fixture(scope="module")
 def wrong_run():
     name = cases.bitnet_goldens()[0]
-    sel = (cases.collect(["quant"], "q8_0/ and not refused")
-           + cases.collect(["bitnet"], f"embed/{name}/0/ and not vs_reference"))
+    sel = cases.collect(["quant"], "q8_0/ and not refused") + cases.collect(
+        ["bitnet"], f"embed/{name}/0/ and not vs_reference"
+    )
     results, doc = run_doc(sel, [ReferenceBackend(), Wrong()])
     return sel, results, doc
 
@@ -78,8 +79,22 @@ def test_records_have_the_documented_fields_and_validate():
     reports.validate(doc)
     recs = doc["records"]
     assert recs == sorted(recs, key=lambda r: (r["backend"], r["case"]))
-    fields = ["case", "area", "spec", "backend", "outcome", "compare", "output_kind", "expected", "got",
-              "detail", "distances", "tolerance", "output_sha256", "capability"]
+    fields = [
+        "case",
+        "area",
+        "spec",
+        "backend",
+        "outcome",
+        "compare",
+        "output_kind",
+        "expected",
+        "got",
+        "detail",
+        "distances",
+        "tolerance",
+        "output_sha256",
+        "capability",
+    ]
     assert all(list(r) == fields for r in recs)
     ref = [r for r in recs if r["backend"] == "reference"]
     assert {r["output_kind"] for r in ref} == KINDS and all(r["outcome"] == "pass" for r in ref)
@@ -94,7 +109,7 @@ def test_records_have_the_documented_fields_and_validate():
         elif kind in ("quantizer bytes", "i2s bytes"):
             assert d == {"differ": 0, "first_diff": None}
         elif kind == "ids":
-            n = int(r["expected"].split()[0])     # "N ids"
+            n = int(r["expected"].split()[0])  # "N ids"
             assert d["first_diff"] is None and d["len_expected"] == d["len_got"] == n
         elif kind == "logits":
             assert set(d) == {"differ", "max_abs", "max_ulp", "nmse", "argmax"}
@@ -104,16 +119,18 @@ def test_records_have_the_documented_fields_and_validate():
             assert r["tolerance"].startswith("embeddings_")
     unsupported = [r for r in recs if r["backend"] == "bitnet" and r["area"] != "bitnet"]
     assert unsupported and all(r["outcome"] == "unsupported" and r["distances"] is None for r in unsupported)
-    assert "$WORK" in next(r["detail"] for r in ref if r["area"] == "header")   # no temporary path
+    assert "$WORK" in next(r["detail"] for r in ref if r["area"] == "header")  # no temporary path
 
 
 def test_schema_rejects_what_it_does_not_describe(wrong_run):
     _, _, doc = wrong_run
-    for mutate in (lambda d: d["records"][0].update(outcome="passed"),
-                   lambda d: d["records"][0].update(output_kind="bytes"),
-                   lambda d: d["records"][0].pop("distances"),
-                   lambda d: d["matrix"][0].update(share=1.5),
-                   lambda d: d["run"].update(wall=1.0)):
+    for mutate in (
+        lambda d: d["records"][0].update(outcome="passed"),
+        lambda d: d["records"][0].update(output_kind="bytes"),
+        lambda d: d["records"][0].pop("distances"),
+        lambda d: d["matrix"][0].update(share=1.5),
+        lambda d: d["run"].update(wall=1.0),
+    ):
         bad = copy.deepcopy(doc)
         mutate(bad)
         with pytest.raises(reports.ResultsError):
@@ -147,14 +164,18 @@ def test_matrix_and_summary_catch_a_wrong_backend(wrong_run):
     q8 = [c for c in sel if c.area == "quant"]
     emb = [c for c in sel if c.area == "bitnet"]
     flipped = [c for c in q8 if out[("reference", c.id)][0] != out[("wrong", c.id)][0]]
-    assert flipped     # blocks with a sixth quant
+    assert flipped  # blocks with a sixth quant
     m = {row["kind"]: row for row in doc["matrix"]}
     assert m["quantizer bytes"]["compared"] == len(q8)
     assert m["quantizer bytes"]["identical"] == len(q8) - len(flipped)
-    assert m["quantizer bytes"]["worst"] == {"differ_cases": len(flipped), "max_differ": 1,
-                                             "refusal_mismatch": 0}
-    want_abs = max(float(abs(np.float64(out[("wrong", c.id)][3]) - np.float64(out[("reference", c.id)][3])))
-                   for c in emb)
+    assert m["quantizer bytes"]["worst"] == {
+        "differ_cases": len(flipped),
+        "max_differ": 1,
+        "refusal_mismatch": 0,
+    }
+    want_abs = max(
+        float(abs(np.float64(out[("wrong", c.id)][3]) - np.float64(out[("reference", c.id)][3]))) for c in emb
+    )
     w = m["embeddings"]["worst"]
     assert m["embeddings"]["compared"] == len(emb) and m["embeddings"]["identical"] == 0
     assert w["differ_cases"] == len(emb) and w["max_abs"] == want_abs and w["max_ulp"] > 0
@@ -169,12 +190,20 @@ def test_matrix_and_summary_catch_a_wrong_backend(wrong_run):
     failing_emb = [recs[("wrong", c.id)] for c in emb if recs[("wrong", c.id)]["outcome"] == "fail"]
     assert failing_emb and all(r["distances"]["max_abs"] >= 0.49 for r in failing_emb)
     for r in failing_emb:
-        assert any(r["case"] in line and f"max_abs {r['distances']['max_abs']:.6g}" in line
-                   for line in md.splitlines())
-    row = next(line.split("|") for line in md.splitlines() if line.startswith("| reference | wrong")
-               and "| quantizer bytes " in line)
-    assert [c.strip() for c in row[4:7]] == [str(len(q8)), str(len(q8) - len(flipped)),
-                                             f"{(len(q8) - len(flipped)) / len(q8):.1%}"]
+        assert any(
+            r["case"] in line and f"max_abs {r['distances']['max_abs']:.6g}" in line
+            for line in md.splitlines()
+        )
+    row = next(
+        line.split("|")
+        for line in md.splitlines()
+        if line.startswith("| reference | wrong") and "| quantizer bytes " in line
+    )
+    assert [c.strip() for c in row[4:7]] == [
+        str(len(q8)),
+        str(len(q8) - len(flipped)),
+        f"{(len(q8) - len(flipped)) / len(q8):.1%}",
+    ]
     assert row[7].strip() == f"differ_cases {len(flipped)}, max_differ 1"
 
 
@@ -193,13 +222,16 @@ def test_junit_xml_counts(wrong_run, tmp_path):
         tcs = s.findall("testcase")
         assert [t.get("name") for t in tcs] == sorted(r["case"] for r in mine)
         assert all(t.get("classname") == area for t in tcs)
-        assert int(s.get("failures")) == len([t for t in tcs if t.find("failure") is not None]) == \
-            sum(r["outcome"] == "fail" for r in mine)
-    assert (tmp_path / "junit.xml").read_bytes() == reports.junit_xml(doc)   # deterministic
+        assert (
+            int(s.get("failures"))
+            == len([t for t in tcs if t.find("failure") is not None])
+            == sum(r["outcome"] == "fail" for r in mine)
+        )
+    assert (tmp_path / "junit.xml").read_bytes() == reports.junit_xml(doc)  # deterministic
 
 
 def test_junit_strict_makes_unsupported_failures():
-    sel = cases.collect(["bitnet"], "i2s_pack")[:3]          # native has no i2s
+    sel = cases.collect(["bitnet"], "i2s_pack")[:3]  # native has no i2s
     _, doc = run_doc(sel, [get("native")])
     root = ET.fromstring(reports.junit_xml(doc))
     assert root.get("skipped") == "3" and root.get("failures") == "0"
@@ -254,7 +286,7 @@ def test_diff_finds_a_planted_regression(wrong_run, tmp_path, capsys):
     i = next(k for k, s in enumerate(lines) if passing[0]["case"] in s and passing[0]["backend"] in s)
     assert "pass -> fail" in lines[i] and "differ 3, first_diff 7" in lines[i + 2]
     assert any(gone["case"] in s and "pass -> absent" in s for s in lines)
-    assert any(lost["case"] in s and "pass -> unsupported" in s for s in lines)     # a lost capability
+    assert any(lost["case"] in s and "pass -> unsupported" in s for s in lines)  # a lost capability
     assert "does not export ml_quantize_q4_0" in text
     assert any(failing[0]["case"] in s and "fail -> pass" in s for s in lines)
     regressed, fixed = reports.diff(doc, new)

@@ -13,8 +13,7 @@ from mlconf.backends import get
 from mlconf.backends.reference import ReferenceBackend
 
 # every area, ~300 cases
-MIXED = ("flags or magic or q8_0 or gemma3 or gpt2/added or i2s_pack or qwen3_i2s/0 or "
-         "embed/refused or llama")
+MIXED = "flags or magic or q8_0 or gemma3 or gpt2/added or i2s_pack or qwen3_i2s/0 or embed/refused or llama"
 
 
 class Wrong(ReferenceBackend):
@@ -48,7 +47,7 @@ def test_mixed_selection_covers_every_area():
 
 
 def test_jobs_2_gives_the_serial_records(tmp_path, capsys):
-    builtin = ("-b", "reference", "-b", "native", "-b", "bitnet")   # other tests may register more
+    builtin = ("-b", "reference", "-b", "native", "-b", "bitnet")  # other tests may register more
     rc1, serial = run_cli(tmp_path, *builtin, "-k", MIXED, name="serial")
     rc2, par = run_cli(tmp_path, *builtin, "-k", MIXED, "--jobs", "2", name="par")
     assert rc1 == rc2 == 0
@@ -65,8 +64,9 @@ def test_runner_jobs_keeps_outputs_and_order():
     bs = [ReferenceBackend(), Wrong()]
     a = runner.run(sel, bs)
     b = runner.run(sel, [ReferenceBackend(), Wrong()], jobs=3)
-    assert [(r.backend, r.case, r.outcome, r.detail) for r in a] == [(r.backend, r.case, r.outcome, r.detail)
-                                                                    for r in b]
+    assert [(r.backend, r.case, r.outcome, r.detail) for r in a] == [
+        (r.backend, r.case, r.outcome, r.detail) for r in b
+    ]
     assert any(r.outcome == "fail" for r in b)
     assert all((x.output is None) == (y.output is None) for x, y in zip(a, b, strict=True))
 
@@ -96,7 +96,7 @@ def test_fail_fast_stops_at_the_first_failure(tmp_path, wrong_registered, capsys
     # serial order is the suite's case order: the run stops right after the first failing case
     order = [c.id for c in cases.collect(["quant"], "q8_0/ and not refused")]
     first = min(order.index(full["records"][i]["case"]) for i in fails)
-    assert sorted(r["case"] for r in doc["records"]) == sorted(order[:first + 1])
+    assert sorted(r["case"] for r in doc["records"]) == sorted(order[: first + 1])
     assert sum(r["outcome"] == "fail" for r in doc["records"]) == 1
     assert "stopped at the first failure" in capsys.readouterr().out
     assert (tmp_path / "ff" / "summary.md").exists() and (tmp_path / "ff" / "junit.xml").exists()
@@ -113,10 +113,11 @@ def test_timeout_sets_the_worker_timeout(tmp_path, monkeypatch, capsys):
         return real(cases_, backends_, **kw)
 
     monkeypatch.setattr(runner, "run", spy)
-    rc, _ = run_cli(tmp_path, "-b", "native", "-b", "bitnet", "-b", "reference", "-k", "flags_zero",
-                    "--timeout", "7.5")
+    rc, _ = run_cli(
+        tmp_path, "-b", "native", "-b", "bitnet", "-b", "reference", "-k", "flags_zero", "--timeout", "7.5"
+    )
     assert rc == 0
-    assert seen == {"native": 7.5, "bitnet": 7.5, "reference": None}   # reference: in-process, none
+    assert seen == {"native": 7.5, "bitnet": 7.5, "reference": None}  # reference: in-process, none
     assert cli.main(["run", "-k", "flags_zero", "--timeout", "0", "--report", str(tmp_path / "x")]) == 4
     assert "--timeout" in capsys.readouterr().err
 
@@ -130,7 +131,7 @@ def test_forked_children_get_their_own_worker_with_the_timeout():
     finally:
         fresh.close()
     w = Wrong()
-    assert forked._fresh(w) is w          # not registered: the forked copy (in-process)
+    assert forked._fresh(w) is w  # not registered: the forked copy (in-process)
 
 
 def test_require_gates_only_the_named_capabilities(tmp_path, capsys):
@@ -155,8 +156,15 @@ def test_exit_statuses(tmp_path, capsys, monkeypatch):
     """One meaning each (mlconf.tools.exits, README "Exit statuses"): 0 pass, 1 a failing case, 2
     a rejected file, 4 a usage or input error, 5 nothing selected, 130 Ctrl-C (one line)."""
     from mlconf.tools import exits
-    assert (exits.OK, exits.FAILED, exits.REJECTED, exits.USAGE, exits.NOTHING, exits.INTERRUPTED) == \
-        (0, 1, 2, 4, 5, 130)
+
+    assert (exits.OK, exits.FAILED, exits.REJECTED, exits.USAGE, exits.NOTHING, exits.INTERRUPTED) == (
+        0,
+        1,
+        2,
+        4,
+        5,
+        130,
+    )
     assert run_cli(tmp_path, "-b", "reference", "-k", "flags_zero", name="ok")[0] == 0
     assert run_cli(tmp_path, "-b", "native", "-k", "i2s_pack/golden", "--strict", name="f")[0] == 1
     bad = tmp_path / "bad.mlb"
@@ -169,12 +177,14 @@ def test_exit_statuses(tmp_path, capsys, monkeypatch):
 
     def died(*args, **kwargs):
         raise RuntimeError("runner process 2 died")
+
     monkeypatch.setattr(runner, "run", died)
     assert cli.main(["run", "-k", "flags_zero", "--report", str(tmp_path / "d")]) == 1
     assert "runner process 2 died" in capsys.readouterr().err
 
     def interrupted(args):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(cli, "cmd_backends", interrupted)
     assert cli.main(["backends"]) == 130
     assert capsys.readouterr().err == "mlconf: interrupted\n"
@@ -219,8 +229,18 @@ def test_progress_lines_and_in_place_updates():
 def test_shards_together_equal_the_unsharded_run(tmp_path, capsys):
     """--shard 1/3..3/3 split the cases (each in one shard, by its id alone) and `mlconf report`
     merges their results.json into the unsharded run's records, matrix and summary."""
-    args = ("-b", "reference", "-b", "native", "--area", "quant", "--area", "loader", "-k",
-            "q4_0 or q8_0 or flags")
+    args = (
+        "-b",
+        "reference",
+        "-b",
+        "native",
+        "--area",
+        "quant",
+        "--area",
+        "loader",
+        "-k",
+        "q4_0 or q8_0 or flags",
+    )
     _, whole = run_cli(tmp_path, *args, name="whole")
     parts = [run_cli(tmp_path, *args, "--shard", f"{k}/3", name=f"s{k}")[1] for k in (1, 2, 3)]
     assert all(p["records"] for p in parts)
@@ -235,8 +255,9 @@ def test_shards_together_equal_the_unsharded_run(tmp_path, capsys):
     assert merged["run"]["shards"] == ["1/3", "2/3", "3/3"]
     # a case's shard does not depend on what else is selected
     sel = cases.collect(["quant"])
-    assert {c.id for c in cases.shard(sel[5:], 2, 3)} == {c.id for c in cases.shard(sel, 2, 3)} - \
-        {c.id for c in sel[:5]}
+    assert {c.id for c in cases.shard(sel[5:], 2, 3)} == {c.id for c in cases.shard(sel, 2, 3)} - {
+        c.id for c in sel[:5]
+    }
     capsys.readouterr()
     assert cli.main(["report", files[0], files[0], "--report", str(tmp_path / "dup")]) == 4
     assert "is also in" in capsys.readouterr().err

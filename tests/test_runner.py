@@ -84,6 +84,7 @@ def test_forward_tolerance_failure_reports_distances():
 def test_bitnet_embed_failures_say_what_differs():
     """A backend whose embeddings are off fails the toleranced cases with the metrics and the worst
     element; one that accepts damaged GGUFs and bad calls fails the refused cases."""
+
     class Lax(ReferenceBackend):
         name = "lax"
 
@@ -131,11 +132,16 @@ def test_missing_tolerance_is_an_error_naming_it():
 def test_outputs_and_byte_distances_for_the_matrix():
     """run_case keeps the raw output of each kind (the matrix compares them) and the byte distance
     to the expectation."""
-    sel = (one("quant", "q8_0/") + one("header", "flags_zero")
-           + one("tokenizer", "encode/llama3/contractions") + one("bitnet", "i2s_act/random_3x256"))
+    sel = (
+        one("quant", "q8_0/")
+        + one("header", "flags_zero")
+        + one("tokenizer", "encode/llama3/contractions")
+        + one("bitnet", "i2s_act/random_3x256")
+    )
     by = {(r.case, r.backend): r for r in runner.run(sel, [ReferenceBackend(), Wrong()])}
-    q8 = next(r for (c, b), r in by.items()
-              if b == "wrong" and c.startswith("quant/q8_0/") and r.outcome == "fail")
+    q8 = next(
+        r for (c, b), r in by.items() if b == "wrong" and c.startswith("quant/q8_0/") and r.outcome == "fail"
+    )
     assert isinstance(q8.output, tuple) and q8.output_kind == "quantizer bytes"
     assert (q8.metrics["differ"], q8.metrics["first_diff"]) == (1, 5)
     ref = by[(q8.case, "reference")]
@@ -143,7 +149,7 @@ def test_outputs_and_byte_distances_for_the_matrix():
     assert by[("header/flags_zero", "reference")].output == "ML_OK"
     ids = by[(sel[-2].id, "wrong")]
     assert ids.output_kind == "ids" and ids.output[2] == by[(sel[-2].id, "reference")].output[2] + 1
-    act = by[(sel[-1].id, "wrong")]        # vs_reference: not run on the reference itself
+    act = by[(sel[-1].id, "wrong")]  # vs_reference: not run on the reference itself
     assert (sel[-1].id, "reference") not in by and act.output_kind == "i2s bytes"
     assert len(act.output) == 3 and act.metrics["first_diff"] is None
     assert byte_distance(b"abcd", b"abXdZ") == {"differ": 2, "first_diff": 2}
@@ -154,6 +160,7 @@ def test_distances_compare_non_finite_values_in_place():
     """A NaN or infinity must stand where the expectation has the same one; the rest is compared
     as usual (compare.distances, the two-token runs of files with any weights)."""
     from mlconf.compare import distances, within
+
     want = np.array([[1.0, np.nan, np.inf], [2.0, 3.0, -np.inf]], np.float32)
     same = distances(want.copy(), want)
     assert same["nonfinite_mismatch"] == 0 and same["differ"] == 0 and same["max_abs"] == 0

@@ -55,7 +55,7 @@ def test_features_of_a_header():
     assert versions.file_version(_head(rot_dim=4)) == (0, 9, 0)
     assert versions.file_version(_head([0, 4])) == (0, 8, 0)
     assert versions.file_version(_head([8, 4])) == (0, 9, 0)
-    assert versions.file_version(_head([0, 4])[:257]) is None         # flag bytes cut: not read
+    assert versions.file_version(_head([0, 4])[:257]) is None  # flag bytes cut: not read
     assert versions.file_version(_head(layer_flags=None, n_layers=2) + bytes([4, 4])) is None
     assert versions.file_version(b"MLB1") is None
 
@@ -79,8 +79,11 @@ def test_expected_status_follows_the_rule_order():
 
 # ---------------------------------------------------------------- the backends' switches
 def _load_cases(target):
-    return [c for c in cases.collect(["header", "loader", "forward"], target_version=target)
-            if c.capability == "load"]
+    return [
+        c
+        for c in cases.collect(["header", "loader", "forward"], target_version=target)
+        if c.capability == "load"
+    ]
 
 
 def _check(backend, target):
@@ -106,7 +109,7 @@ def test_native_switch_gives_the_derived_statuses(name, target):
     try:
         assert b.set_target_version(target)
         _check(b, target)
-        b.close()            # a fresh worker gets the version again (worker.Worker.setup)
+        b.close()  # a fresh worker gets the version again (worker.Worker.setup)
         _check(b, target)
     finally:
         b.close()
@@ -116,9 +119,13 @@ def test_a_runtime_without_a_switch_fails_exactly_on_the_newer_files(generated):
     """The newest reference gated as 0.8.0: fails on the fixtures whose older status differs."""
     out, _ = generated
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    differ = {f["file"] for f in manifest["fixtures"]
-              if f["min_version"] and specs.parse_version(f["min_version"]) > (0, 8, 0)
-              and f["expected_older"] != f["expected"]}
+    differ = {
+        f["file"]
+        for f in manifest["fixtures"]
+        if f["min_version"]
+        and specs.parse_version(f["min_version"]) > (0, 8, 0)
+        and f["expected_older"] != f["expected"]
+    }
     selected = [c for c in _load_cases((0, 8, 0)) if c.area != "forward"]
     results = runner.run(selected, [ReferenceBackend()])
     failed = {c.params["fixture"].file for c, r in zip(selected, results, strict=True) if r.outcome == "fail"}
@@ -150,8 +157,9 @@ def test_golden_models_needing_a_newer_version_become_refusals():
     assert "forward/smollm3_nope/prefill" in ids and "forward/qwen35_linear/prefill" not in ids
     older = {c.id for c in cases.collect(["forward"], target_version=(0, 7, 0))}
     assert "forward/smollm3_nope/refused_by_older" in older
-    assert {c.id for c in cases.collect(["forward"], target_version=(0, 9, 0))} == \
-        {c.id for c in cases.collect(["forward"])}
+    assert {c.id for c in cases.collect(["forward"], target_version=(0, 9, 0))} == {
+        c.id for c in cases.collect(["forward"])
+    }
 
 
 def test_neon_worker_switch(tmp_path):
@@ -180,9 +188,27 @@ def test_native_refuses_a_bad_version():
 
 # ---------------------------------------------------------------- the command line
 def test_cli_target_version_in_parallel(tmp_path, capsys):
-    rc = cli.main(["run", "-b", "reference", "-b", "native", "--area", "header", "--area", "loader",
-                   "-k", "qwen35 or smollm3 or q8_min", "-j", "2", "--target-version", "0.8.0",
-                   "--report", str(tmp_path)])
+    rc = cli.main(
+        [
+            "run",
+            "-b",
+            "reference",
+            "-b",
+            "native",
+            "--area",
+            "header",
+            "--area",
+            "loader",
+            "-k",
+            "qwen35 or smollm3 or q8_min",
+            "-j",
+            "2",
+            "--target-version",
+            "0.8.0",
+            "--report",
+            str(tmp_path),
+        ]
+    )
     doc = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
     assert rc == exits.OK, [r for r in doc["records"] if r["outcome"] != "pass"][:3]
     assert doc["run"]["target_version"] == "0.8.0"
@@ -196,4 +222,3 @@ def test_cli_bad_target_version(tmp_path, capsys):
     rc = cli.main(["run", "--area", "header", "--target-version", "0.x", "--report", str(tmp_path)])
     assert rc == exits.USAGE
     assert "--target-version" in capsys.readouterr().err
-

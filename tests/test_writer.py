@@ -16,8 +16,18 @@ from mlconf.tools import mlb
 
 REPO = Path(__file__).resolve().parents[1]
 
-SMALL = dict(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=64, vocab=4, max_seq=8,
-             rope_theta=10000.0, norm_eps=1e-5, wtype=1)
+SMALL = dict(
+    dim=32,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    hidden_dim=64,
+    vocab=4,
+    max_seq=8,
+    rope_theta=10000.0,
+    norm_eps=1e-5,
+    wtype=1,
+)
 
 
 def model(seed: int = 0, flags=None, **kw) -> tuple[dict, dict]:
@@ -25,8 +35,10 @@ def model(seed: int = 0, flags=None, **kw) -> tuple[dict, dict]:
     header = {**SMALL, **kw}
     h = mlb.full_header(header)
     rng = np.random.default_rng(seed)
-    arrays = {k: rng.normal(0, 0.05, shape).astype(np.float32)
-              for k, (_, shape) in mlb.expected_arrays(h, flags).items()}
+    arrays = {
+        k: rng.normal(0, 0.05, shape).astype(np.float32)
+        for k, (_, shape) in mlb.expected_arrays(h, flags).items()
+    }
     return header, arrays
 
 
@@ -34,8 +46,9 @@ def imatrix_for(header: dict, seed: int = 1, **over) -> mlb.Imatrix:
     h = mlb.full_header(header)
     hd = h["head_dim"] or h["dim"] // h["n_heads"]
     q_dim = hd * h["n_heads"]
-    im = mlb.Imatrix(h["n_layers"], h["dim"], h["hidden_dim"], 0 if q_dim == h["dim"] else q_dim,
-                     100, 50, np.empty(0))
+    im = mlb.Imatrix(
+        h["n_layers"], h["dim"], h["hidden_dim"], 0 if q_dim == h["dim"] else q_dim, 100, 50, np.empty(0)
+    )
     for k, v in over.items():
         setattr(im, k, v)
     stride = 2 * im.dim + (im.q_dim or im.dim) + im.hidden_dim
@@ -53,30 +66,35 @@ def _nan_in(name, value, dtype=np.float32):
         a = arrays[name].astype(dtype)
         a.flat[a.size // 2] = value
         arrays[name] = a
+
     return edit
 
 
 def _set(**kw):
     def edit(header, arrays):
         header.update(kw)
+
     return edit
 
 
 def _drop(name):
     def edit(header, arrays):
         del arrays[name]
+
     return edit
 
 
 def _add(name, shape):
     def edit(header, arrays):
         arrays[name] = np.zeros(shape, np.float32)
+
     return edit
 
 
 def _reshape(name):
     def edit(header, arrays):
         arrays[name] = arrays[name].T.copy()
+
     return edit
 
 
@@ -84,8 +102,9 @@ def _big_block(name):
     def edit(header, arrays):
         header["scale_f16"] = 1
         a = arrays[name].copy()
-        a[0, 5] = 127 * 65504 * 1.01   # block amax / 127 above the largest f16
+        a[0, 5] = 127 * 65504 * 1.01  # block amax / 127 above the largest f16
         arrays[name] = a
+
     return edit
 
 
@@ -102,8 +121,18 @@ REFUSALS = [
     ("unexpected", _add("layers.0.bq", (32,)), "layers.0.bq", {}),
     ("dim_48", _set(dim=48), "dim", {}),
     ("wtype_3", _set(wtype=3), "wtype", {}),
-    ("llama3_factor_0", _set(rope_type=1, rope_factor=0.0, rope_low_freq_factor=1.0,
-                             rope_high_freq_factor=4.0, rope_orig_max_seq=8), "rope_factor", {}),
+    (
+        "llama3_factor_0",
+        _set(
+            rope_type=1,
+            rope_factor=0.0,
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_orig_max_seq=8,
+        ),
+        "rope_factor",
+        {},
+    ),
     ("layer_flags_without_flags", _set(layer_flags=1), "layer_flags", {}),
     ("flags_without_layer_flags", lambda h, a: None, "layer_flags", {"flags": [0]}),
     ("flags_bits_1_2", _set(layer_flags=1, rope_local_theta=10.0), "layer flag", {"flags": [6]}),
@@ -123,8 +152,12 @@ REFUSALS = [
     ("f16_scale_q8", _big_block("layers.0.wv"), "layers.0.wv", {}),
     ("f16_scale_q4", lambda h, a: (_set(wtype=2)(h, a), _big_block("tok_emb")(h, a)), "tok_emb", {}),
     ("bad_q4_rule", _set(wtype=2), "q4_rule", {"q4_rule": "nearest"}),
-    ("round_rule_with_imatrix", _set(wtype=2), "imatrix",
-     {"q4_rule": "round", "imatrix": imatrix_for(SMALL)}),
+    (
+        "round_rule_with_imatrix",
+        _set(wtype=2),
+        "imatrix",
+        {"q4_rule": "round", "imatrix": imatrix_for(SMALL)},
+    ),
     ("imatrix_dim", _set(wtype=2), "dim", {"imatrix": imatrix_for({**SMALL, "dim": 64, "n_heads": 4})}),
     ("imatrix_layers", _set(wtype=2), "n_layers", {"imatrix": imatrix_for({**SMALL, "n_layers": 2})}),
     ("imatrix_hidden", _set(wtype=2), "hidden_dim", {"imatrix": imatrix_for({**SMALL, "hidden_dim": 96})}),
@@ -176,12 +209,16 @@ def test_f16_scale_at_the_limit_is_written(tmp_path):
 
 
 # ---------------------------------------------------------------- determinism
-@pytest.mark.parametrize("kw,wkw", [
-    ({}, {}),
-    ({"wtype": 2, "scale_f16": 1, "q8_mask": 34}, {}),
-    ({"wtype": 2}, {"q4_rule": "round"}),
-    ({"wtype": 2, "shared_classifier": 1}, {"imatrix": imatrix_for(SMALL)}),
-], ids=["q8", "q4_mask_f16", "q4_round", "q4_imatrix"])
+@pytest.mark.parametrize(
+    "kw,wkw",
+    [
+        ({}, {}),
+        ({"wtype": 2, "scale_f16": 1, "q8_mask": 34}, {}),
+        ({"wtype": 2}, {"q4_rule": "round"}),
+        ({"wtype": 2, "shared_classifier": 1}, {"imatrix": imatrix_for(SMALL)}),
+    ],
+    ids=["q8", "q4_mask_f16", "q4_round", "q4_imatrix"],
+)
 def test_writer_is_deterministic(tmp_path, kw, wkw):
     header, arrays = model(seed=3, **kw)
     mlb.write(tmp_path / "a.mlb", header, arrays, **wkw)
@@ -220,8 +257,13 @@ def test_written_header_bytes(tmp_path):
 
 # ---------------------------------------------------------------- info
 def _info(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "tools/mlb.py", "info", *args], cwd=REPO,
-                          capture_output=True, encoding="utf-8", timeout=60)
+    return subprocess.run(
+        [sys.executable, "tools/mlb.py", "info", *args],
+        cwd=REPO,
+        capture_output=True,
+        encoding="utf-8",
+        timeout=60,
+    )
 
 
 def test_info_prints_header_and_table(tmp_path):
@@ -258,7 +300,7 @@ def test_info_malformed_exits_2(tmp_path, make):
 
 # ---------------------------------------------------------------- MLI1
 def test_imatrix_round_trip_and_layout(tmp_path):
-    im = imatrix_for({**SMALL, "n_layers": 2, "head_dim": 32})   # q_dim 64 differs from dim 32
+    im = imatrix_for({**SMALL, "n_layers": 2, "head_dim": 32})  # q_dim 64 differs from dim 32
     assert im.q_dim == 64
     p = tmp_path / "a.mli"
     mlb.write_imatrix(p, im)
@@ -271,8 +313,14 @@ def test_imatrix_round_trip_and_layout(tmp_path):
     assert len(raw) == 40 + 8 * (2 * stride + 32)
     assert np.array_equal(np.frombuffer(raw, "<f8", offset=40), im.sums)
     back = mlb.read_imatrix(p)
-    assert (back.n_layers, back.dim, back.hidden_dim, back.q_dim, back.tokens, back.tokens_cls) == \
-        (2, 32, 64, 64, 100, 50)
+    assert (back.n_layers, back.dim, back.hidden_dim, back.q_dim, back.tokens, back.tokens_cls) == (
+        2,
+        32,
+        64,
+        64,
+        100,
+        50,
+    )
     assert np.array_equal(back.sums, im.sums)
 
 
@@ -316,8 +364,21 @@ def _bad_mli(tmp_path, kind) -> Path:
     return p
 
 
-@pytest.mark.parametrize("kind", ["magic", "version", "short_body", "long_body", "odd_length",
-                                  "short_header", "header_dims", "nan_sum", "negative_sum", "empty"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "magic",
+        "version",
+        "short_body",
+        "long_body",
+        "odd_length",
+        "short_header",
+        "header_dims",
+        "nan_sum",
+        "negative_sum",
+        "empty",
+    ],
+)
 def test_read_imatrix_refuses(tmp_path, kind):
     p = _bad_mli(tmp_path, kind)
     with pytest.raises(mlb.MLBError) as e:
@@ -346,8 +407,11 @@ def test_imatrix_is_used_and_zero_tokens_ignore_it(tmp_path):
     mlb.write(tmp_path / "unused.mlb", header, arrays, imatrix=unused)
     plain, im, zero = (mlb.read(tmp_path / f) for f in ("plain.mlb", "im.mlb", "unused.mlb"))
     assert (tmp_path / "unused.mlb").read_bytes() == (tmp_path / "plain.mlb").read_bytes()
-    differs = [k for k in ("layers.0.wq", "layers.0.wo", "layers.0.w1", "layers.0.w2", "wcls")
-               if np.asarray(plain.matrix(k)[2]).tobytes() != np.asarray(im.matrix(k)[2]).tobytes()]
+    differs = [
+        k
+        for k in ("layers.0.wq", "layers.0.wo", "layers.0.w1", "layers.0.w2", "wcls")
+        if np.asarray(plain.matrix(k)[2]).tobytes() != np.asarray(im.matrix(k)[2]).tobytes()
+    ]
     assert len(differs) >= 3, differs
     # tok_emb (unshared) and every F32 array never take the imatrix
     assert np.asarray(plain.arrays["tok_emb.q"]).tobytes() == np.asarray(im.arrays["tok_emb.q"]).tobytes()

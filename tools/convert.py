@@ -55,9 +55,9 @@ _ST_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
 @dataclass(frozen=True)
 class TensorInfo:
     file: Path
-    dtype: str                  # safetensors dtype name
+    dtype: str  # safetensors dtype name
     shape: tuple[int, ...]
-    offset: int                 # absolute byte offset of the data in the file
+    offset: int  # absolute byte offset of the data in the file
 
 
 class Checkpoint:
@@ -117,24 +117,28 @@ class Checkpoint:
         """The tensor as float32 (bf16 and f16 exactly, f64 rounded); non-finite values refused."""
         info = self.infos[name]
         self.check_dtype(name)
-        raw = np.memmap(info.file, dtype=_ST_DTYPES[info.dtype], mode="r", offset=info.offset,
-                        shape=info.shape)
-        if info.dtype == "BF16":   # bf16 is the top half of an f32
+        raw = np.memmap(
+            info.file, dtype=_ST_DTYPES[info.dtype], mode="r", offset=info.offset, shape=info.shape
+        )
+        if info.dtype == "BF16":  # bf16 is the top half of an f32
             x = (raw.astype(np.uint32) << 16).view(np.float32)
         else:
             with np.errstate(over="ignore"):
                 x = raw.astype(np.float32)
         del raw
         if not np.isfinite(x).all():
-            raise ConvertError(f"{info.file}: tensor {name} holds a non-finite value (or one too "
-                               "large for float32)")
+            raise ConvertError(
+                f"{info.file}: tensor {name} holds a non-finite value (or one too large for float32)"
+            )
         return x
 
     def check_dtype(self, name: str) -> None:
         info = self.infos[name]
         if info.dtype not in _ST_DTYPES:
-            raise ConvertError(f"{info.file}: tensor {name} has dtype {info.dtype}; the converter "
-                               f"reads {', '.join(_ST_DTYPES)}")
+            raise ConvertError(
+                f"{info.file}: tensor {name} has dtype {info.dtype}; the converter "
+                f"reads {', '.join(_ST_DTYPES)}"
+            )
 
 
 # ---------------------------------------------------------------- architectures
@@ -143,19 +147,19 @@ class Arch:
     """What the converter needs to know of one model_type (from its modeling_*.py)."""
 
     act_key: str = "hidden_act"
-    one_centered_norms: bool = False        # RMSNorm scales by (1 + w): stored weight 1 + w
-    qkv_bias: bool = False                  # q/k/v always have biases, o_proj none (Qwen2)
+    one_centered_norms: bool = False  # RMSNorm scales by (1 + w): stored weight 1 + w
+    qkv_bias: bool = False  # q/k/v always have biases, o_proj none (Qwen2)
     qk_norm: bool = False
-    post_norms: bool = False                # Gemma's post-attention / post-FFN norms
-    attn_gate: bool = False                 # Qwen3.5: q_proj = [query; gate] per head
-    gemma: bool = False                     # embed_scale, query_pre_attn_scalar, softcaps
-    local_rope: bool = False                # Gemma 3: sliding layers use their own RoPE base
-    no_rope_layers: bool = False            # SmolLM3
-    window: str = "none"                    # none | all (Mistral) | types (per layer_types)
-    window_gate: str | None = None          # config key that must be true for a window
+    post_norms: bool = False  # Gemma's post-attention / post-FFN norms
+    attn_gate: bool = False  # Qwen3.5: q_proj = [query; gate] per head
+    gemma: bool = False  # embed_scale, query_pre_attn_scalar, softcaps
+    local_rope: bool = False  # Gemma 3: sliding layers use their own RoPE base
+    no_rope_layers: bool = False  # SmolLM3
+    window: str = "none"  # none | all (Mistral) | types (per layer_types)
+    window_gate: str | None = None  # config key that must be true for a window
     layer_kinds: tuple[str, ...] = ("full_attention", "sliding_attention")
     partial_rotary: bool = False
-    bias_keys: tuple[str, ...] = ("attention_bias",)   # true means biases on q, k, v and o
+    bias_keys: tuple[str, ...] = ("attention_bias",)  # true means biases on q, k, v and o
     defaults: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, tuple[str, str]] = field(default_factory=dict)  # overrides of LAYER_TENSORS
 
@@ -173,7 +177,7 @@ LAYER_TENSORS: dict[str, tuple[str, str]] = {
     "bv": ("self_attn.v_proj.bias", "copy"),
     "q_norm": ("self_attn.q_norm.weight", "norm_rope"),
     "k_norm": ("self_attn.k_norm.weight", "norm_rope"),
-    "ffn_norm": ("post_attention_layernorm.weight", "norm"),   # Llama's name for the pre-FFN norm
+    "ffn_norm": ("post_attention_layernorm.weight", "norm"),  # Llama's name for the pre-FFN norm
     "w1": ("mlp.gate_proj.weight", "copy"),
     "w2": ("mlp.down_proj.weight", "copy"),
     "w3": ("mlp.up_proj.weight", "copy"),
@@ -185,7 +189,7 @@ LAYER_TENSORS: dict[str, tuple[str, str]] = {
     "lconv": ("linear_attn.conv1d.weight", "conv"),
     "dt_bias": ("linear_attn.dt_bias", "copy"),
     "A_log": ("linear_attn.A_log", "copy"),
-    "lnorm": ("linear_attn.norm.weight", "copy"),     # Qwen3_5RMSNormGated: plain w
+    "lnorm": ("linear_attn.norm.weight", "copy"),  # Qwen3_5RMSNormGated: plain w
     "lout": ("linear_attn.out_proj.weight", "copy"),
 }
 GEMMA_TENSORS = {
@@ -196,48 +200,126 @@ GEMMA_TENSORS = {
 GLOBAL_TENSORS = {"tok_emb": ("embed_tokens.weight", "copy"), "final_norm": ("norm.weight", "norm")}
 
 # Class defaults of the transformers config classes (used when config.json omits a key).
-_COMMON = dict(rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, head_dim=None,
-               hidden_act="silu")
+_COMMON = dict(
+    rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, head_dim=None, hidden_act="silu"
+)
 ARCHS: dict[str, Arch] = {
-    "llama": Arch(bias_keys=("attention_bias", "mlp_bias"),
-                  defaults={**_COMMON, "max_position_embeddings": 2048}),
-    "mistral": Arch(window="all", bias_keys=(),
-                    defaults={**_COMMON, "max_position_embeddings": 131072, "sliding_window": 4096,
-                              "num_key_value_heads": 8}),
-    "qwen2": Arch(qkv_bias=True, window="types", window_gate="use_sliding_window", bias_keys=(),
-                  defaults={**_COMMON, "max_position_embeddings": 32768, "sliding_window": 4096,
-                            "num_key_value_heads": 32, "max_window_layers": 28}),
-    "qwen3": Arch(qk_norm=True, window="types", window_gate="use_sliding_window",
-                  defaults={**_COMMON, "max_position_embeddings": 32768, "sliding_window": 4096,
-                            "num_key_value_heads": 32, "max_window_layers": 28, "head_dim": 128}),
-    "gemma2": Arch(act_key="hidden_activation", one_centered_norms=True, post_norms=True, gemma=True,
-                   window="types", tensors=GEMMA_TENSORS,
-                   defaults={**_COMMON, "hidden_activation": "gelu_pytorch_tanh",
-                             "tie_word_embeddings": True, "max_position_embeddings": 8192,
-                             "head_dim": 256, "num_key_value_heads": 4, "sliding_window": 4096,
-                             "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
-                             "final_logit_softcapping": 30.0}),
-    "gemma3_text": Arch(act_key="hidden_activation", one_centered_norms=True, qk_norm=True,
-                        post_norms=True, gemma=True, local_rope=True, window="types",
-                        tensors=GEMMA_TENSORS,
-                        defaults={**_COMMON, "hidden_activation": "gelu_pytorch_tanh",
-                                  "tie_word_embeddings": True, "max_position_embeddings": 131072,
-                                  "head_dim": 256, "num_key_value_heads": 4, "sliding_window": 4096,
-                                  "query_pre_attn_scalar": 256, "attn_logit_softcapping": None,
-                                  "final_logit_softcapping": None, "rope_theta": 1e6,
-                                  "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6}),
-    "smollm3": Arch(no_rope_layers=True, window="types", window_gate="use_sliding_window",
-                    bias_keys=("attention_bias", "mlp_bias"),
-                    defaults={**_COMMON, "rope_theta": 2e6, "tie_word_embeddings": True,
-                              "max_position_embeddings": 32768, "num_key_value_heads": 4,
-                              "sliding_window": None, "no_rope_layer_interval": 4}),
-    "qwen3_5_text": Arch(one_centered_norms=True, qk_norm=True, attn_gate=True, partial_rotary=True,
-                         layer_kinds=("full_attention", "linear_attention"),
-                         tensors={"wq": ("self_attn.q_proj.weight", "q_half"),
-                                  "wg": ("self_attn.q_proj.weight", "g_half")},
-                         defaults={**_COMMON, "max_position_embeddings": 32768, "head_dim": 256,
-                                   "num_key_value_heads": 4, "partial_rotary_factor": 0.25,
-                                   "full_attention_interval": 4, "linear_conv_kernel_dim": 4}),
+    "llama": Arch(
+        bias_keys=("attention_bias", "mlp_bias"), defaults={**_COMMON, "max_position_embeddings": 2048}
+    ),
+    "mistral": Arch(
+        window="all",
+        bias_keys=(),
+        defaults={
+            **_COMMON,
+            "max_position_embeddings": 131072,
+            "sliding_window": 4096,
+            "num_key_value_heads": 8,
+        },
+    ),
+    "qwen2": Arch(
+        qkv_bias=True,
+        window="types",
+        window_gate="use_sliding_window",
+        bias_keys=(),
+        defaults={
+            **_COMMON,
+            "max_position_embeddings": 32768,
+            "sliding_window": 4096,
+            "num_key_value_heads": 32,
+            "max_window_layers": 28,
+        },
+    ),
+    "qwen3": Arch(
+        qk_norm=True,
+        window="types",
+        window_gate="use_sliding_window",
+        defaults={
+            **_COMMON,
+            "max_position_embeddings": 32768,
+            "sliding_window": 4096,
+            "num_key_value_heads": 32,
+            "max_window_layers": 28,
+            "head_dim": 128,
+        },
+    ),
+    "gemma2": Arch(
+        act_key="hidden_activation",
+        one_centered_norms=True,
+        post_norms=True,
+        gemma=True,
+        window="types",
+        tensors=GEMMA_TENSORS,
+        defaults={
+            **_COMMON,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "max_position_embeddings": 8192,
+            "head_dim": 256,
+            "num_key_value_heads": 4,
+            "sliding_window": 4096,
+            "query_pre_attn_scalar": 256,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+        },
+    ),
+    "gemma3_text": Arch(
+        act_key="hidden_activation",
+        one_centered_norms=True,
+        qk_norm=True,
+        post_norms=True,
+        gemma=True,
+        local_rope=True,
+        window="types",
+        tensors=GEMMA_TENSORS,
+        defaults={
+            **_COMMON,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "max_position_embeddings": 131072,
+            "head_dim": 256,
+            "num_key_value_heads": 4,
+            "sliding_window": 4096,
+            "query_pre_attn_scalar": 256,
+            "attn_logit_softcapping": None,
+            "final_logit_softcapping": None,
+            "rope_theta": 1e6,
+            "rope_local_base_freq": 10000.0,
+            "sliding_window_pattern": 6,
+        },
+    ),
+    "smollm3": Arch(
+        no_rope_layers=True,
+        window="types",
+        window_gate="use_sliding_window",
+        bias_keys=("attention_bias", "mlp_bias"),
+        defaults={
+            **_COMMON,
+            "rope_theta": 2e6,
+            "tie_word_embeddings": True,
+            "max_position_embeddings": 32768,
+            "num_key_value_heads": 4,
+            "sliding_window": None,
+            "no_rope_layer_interval": 4,
+        },
+    ),
+    "qwen3_5_text": Arch(
+        one_centered_norms=True,
+        qk_norm=True,
+        attn_gate=True,
+        partial_rotary=True,
+        layer_kinds=("full_attention", "linear_attention"),
+        tensors={"wq": ("self_attn.q_proj.weight", "q_half"), "wg": ("self_attn.q_proj.weight", "g_half")},
+        defaults={
+            **_COMMON,
+            "max_position_embeddings": 32768,
+            "head_dim": 256,
+            "num_key_value_heads": 4,
+            "partial_rotary_factor": 0.25,
+            "full_attention_interval": 4,
+            "linear_conv_kernel_dim": 4,
+        },
+    ),
 }
 # Multimodal wrappers: the text model's config is text_config; tying is a top-level key.
 WRAPPERS = {"gemma3": ("gemma3_text", True), "qwen3_5": ("qwen3_5_text", False)}
@@ -246,11 +328,14 @@ PREFIXES = ("model.language_model.", "language_model.model.", "model.")
 LM_HEADS = ("lm_head.weight", "language_model.lm_head.weight")
 
 # FFN activation names of transformers' ACT2FN -> header act (the exact same function only).
-ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_python_tanh": 1, "gelu_tanh": 1,
-        "gelu_new": 1}
-LINEAR_KEYS = {"lin_k_heads": "linear_num_key_heads", "lin_v_heads": "linear_num_value_heads",
-               "lin_k_dim": "linear_key_head_dim", "lin_v_dim": "linear_value_head_dim",
-               "lin_conv": "linear_conv_kernel_dim"}
+ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_python_tanh": 1, "gelu_tanh": 1, "gelu_new": 1}
+LINEAR_KEYS = {
+    "lin_k_heads": "linear_num_key_heads",
+    "lin_v_heads": "linear_num_value_heads",
+    "lin_k_dim": "linear_key_head_dim",
+    "lin_v_dim": "linear_value_head_dim",
+    "lin_conv": "linear_conv_kernel_dim",
+}
 ROPE_TYPES = {"default": 0, "llama3": 1, "linear": 2, "yarn": 3}
 
 
@@ -279,10 +364,15 @@ class Config:
         return int(v)
 
     def num(self, key: str, value: Any, positive: bool = True) -> float:
-        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) \
-                or (positive and value <= 0):
-            raise ConvertError(f"{self.where}: {key} = {value!r}, expected a finite number"
-                               + (" > 0" if positive else ""))
+        if (
+            not isinstance(value, numbers.Real)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or (positive and value <= 0)
+        ):
+            raise ConvertError(
+                f"{self.where}: {key} = {value!r}, expected a finite number" + (" > 0" if positive else "")
+            )
         return float(value)
 
     def refuse(self, key: str, why: str) -> ConvertError:
@@ -313,8 +403,10 @@ def read_config(folder: Path) -> tuple[Config, bool]:
         where += " text_config"
         model_type = raw["model_type"]
     if model_type not in ARCHS:
-        raise ConvertError(f"{where}: model_type {model_type!r} is not supported (supported: "
-                           f"{', '.join([*ARCHS, *WRAPPERS])})")
+        raise ConvertError(
+            f"{where}: model_type {model_type!r} is not supported (supported: "
+            f"{', '.join([*ARCHS, *WRAPPERS])})"
+        )
     cfg = Config(raw, ARCHS[model_type], model_type, where)
     if tie is None:
         tie = cfg.get("tie_word_embeddings")
@@ -338,20 +430,25 @@ def _rope(cfg: Config, params: dict, label: str, head_dim: int) -> tuple[dict, i
     """Header RoPE fields of one rope_parameters dict (as transformers standardizes it) and rot_dim."""
     rtype = params.get("rope_type", params.get("type", "default"))
     if rtype not in ROPE_TYPES:
-        raise ConvertError(f"{cfg.where}: {label}.rope_type = {rtype!r}: the format has RoPE "
-                           f"{', '.join(ROPE_TYPES)} only")
+        raise ConvertError(
+            f"{cfg.where}: {label}.rope_type = {rtype!r}: the format has RoPE {', '.join(ROPE_TYPES)} only"
+        )
     theta = cfg.num(f"{label}.rope_theta", params.get("rope_theta"))
     partial = params.get("partial_rotary_factor", 1.0)
     if partial is None:
         partial = 1.0
     partial = cfg.num(f"{label}.partial_rotary_factor", partial)
     if partial != 1.0 and not cfg.arch.partial_rotary:
-        raise ConvertError(f"{cfg.where}: {label}.partial_rotary_factor = {partial}: {cfg.model_type} "
-                           "rotates whole heads in transformers")
-    rot = int(head_dim * partial)   # as transformers: int(head_dim * partial_rotary_factor)
+        raise ConvertError(
+            f"{cfg.where}: {label}.partial_rotary_factor = {partial}: {cfg.model_type} "
+            "rotates whole heads in transformers"
+        )
+    rot = int(head_dim * partial)  # as transformers: int(head_dim * partial_rotary_factor)
     if rot <= 0 or rot % 2 or rot > head_dim:
-        raise ConvertError(f"{cfg.where}: {label}.partial_rotary_factor = {partial} gives "
-                           f"{rot} rotated dimensions of {head_dim}; the format needs an even number > 0")
+        raise ConvertError(
+            f"{cfg.where}: {label}.partial_rotary_factor = {partial} gives "
+            f"{rot} rotated dimensions of {head_dim}; the format needs an even number > 0"
+        )
     h: dict[str, Any] = {"rope_theta": theta, "rope_type": ROPE_TYPES[rtype]}
 
     def need(key: str) -> float:
@@ -374,17 +471,23 @@ def _rope(cfg: Config, params: dict, label: str, head_dim: int) -> tuple[dict, i
     if rtype == "linear":
         h["rope_factor"] = need("factor")
     elif rtype == "llama3":
-        h.update(rope_factor=need("factor"), rope_low_freq_factor=need("low_freq_factor"),
-                 rope_high_freq_factor=need("high_freq_factor"), rope_orig_max_seq=orig())
+        h.update(
+            rope_factor=need("factor"),
+            rope_low_freq_factor=need("low_freq_factor"),
+            rope_high_freq_factor=need("high_freq_factor"),
+            rope_orig_max_seq=orig(),
+        )
     elif rtype == "yarn":
         o = orig()
         factor = params.get("factor")
-        if factor is None:   # transformers: max_position_embeddings / original (DeepSeek style)
+        if factor is None:  # transformers: max_position_embeddings / original (DeepSeek style)
             factor = cfg.integer("max_position_embeddings") / o
         factor = cfg.num(f"{label}.factor", factor)
         if params.get("truncate", True) is False:
-            raise ConvertError(f"{cfg.where}: {label}.truncate = false: the format's yarn floors and "
-                               "ceils the correction range")
+            raise ConvertError(
+                f"{cfg.where}: {label}.truncate = false: the format's yarn floors and "
+                "ceils the correction range"
+            )
 
         def mscale(scale: float, m: float = 1.0) -> float:
             return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -393,10 +496,13 @@ def _rope(cfg: Config, params: dict, label: str, head_dim: int) -> tuple[dict, i
         if att is None:
             ms, ms_all = params.get("mscale"), params.get("mscale_all_dim")
             att = mscale(factor, ms) / mscale(factor, ms_all) if ms and ms_all else mscale(factor)
-        h.update(rope_factor=factor, rope_orig_max_seq=o,
-                 rope_low_freq_factor=cfg.num(f"{label}.beta_fast", params.get("beta_fast") or 32.0),
-                 rope_high_freq_factor=cfg.num(f"{label}.beta_slow", params.get("beta_slow") or 1.0),
-                 rope_attn_factor=cfg.num(f"{label}.attention_factor", att))
+        h.update(
+            rope_factor=factor,
+            rope_orig_max_seq=o,
+            rope_low_freq_factor=cfg.num(f"{label}.beta_fast", params.get("beta_fast") or 32.0),
+            rope_high_freq_factor=cfg.num(f"{label}.beta_slow", params.get("beta_slow") or 1.0),
+            rope_attn_factor=cfg.num(f"{label}.attention_factor", att),
+        )
     return h, rot
 
 
@@ -406,8 +512,10 @@ def _rope_params(cfg: Config) -> tuple[dict, dict | None]:
     if cfg.arch.local_rope:
         rp = cfg.get("rope_parameters") or {}
         if rp and not {"full_attention", "sliding_attention"} & set(rp):
-            raise ConvertError(f"{cfg.where}: rope_parameters must be nested by layer type "
-                               "(full_attention, sliding_attention) for gemma3_text")
+            raise ConvertError(
+                f"{cfg.where}: rope_parameters must be nested by layer type "
+                "(full_attention, sliding_attention) for gemma3_text"
+            )
         full = dict(rp.get("full_attention") or {"rope_type": "default"})
         local = dict(rp.get("sliding_attention") or {"rope_type": "default"})
         if cfg.get("rope_scaling"):
@@ -452,8 +560,10 @@ def _layer_types(cfg: Config, n_layers: int) -> list[str]:
         if mt == "gemma2":
             kinds = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
         elif mt == "gemma3_text":
-            pattern = cfg.integer("sliding_window_pattern", cfg.raw.get(
-                "sliding_window_pattern", cfg.raw.get("_sliding_window_pattern", 6)))
+            pattern = cfg.integer(
+                "sliding_window_pattern",
+                cfg.raw.get("sliding_window_pattern", cfg.raw.get("_sliding_window_pattern", 6)),
+            )
             kinds = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
         elif mt == "qwen3_5_text":
             every = cfg.integer("full_attention_interval")
@@ -461,12 +571,15 @@ def _layer_types(cfg: Config, n_layers: int) -> list[str]:
         elif mt in ("qwen2", "qwen3"):
             windowed = cfg.get("use_sliding_window") and cfg.get("sliding_window") is not None
             first = cfg.integer("max_window_layers", minimum=0)
-            kinds = ["sliding_attention" if windowed and i >= first else "full_attention"
-                     for i in range(n_layers)]
+            kinds = [
+                "sliding_attention" if windowed and i >= first else "full_attention" for i in range(n_layers)
+            ]
         elif mt == "smollm3":
             windowed = cfg.get("use_sliding_window") and cfg.get("sliding_window") is not None
-            kinds = ["sliding_attention" if windowed and not r else "full_attention"
-                     for r in _rope_layers(cfg, n_layers)]
+            kinds = [
+                "sliding_attention" if windowed and not r else "full_attention"
+                for r in _rope_layers(cfg, n_layers)
+            ]
         else:
             kinds = ["full_attention"] * n_layers
     if not isinstance(kinds, list) or len(kinds) != n_layers:
@@ -496,29 +609,43 @@ def plan_header(cfg: Config, tie: bool) -> Plan:
     n_layers = cfg.integer("num_hidden_layers")
     n_heads = cfg.integer("num_attention_heads")
     n_kv = cfg.integer("num_key_value_heads", cfg.get("num_key_value_heads") or n_heads)
-    head_dim = cfg.integer("head_dim", cfg.get("head_dim") or dim // n_heads)   # None: dim / n_heads
+    head_dim = cfg.integer("head_dim", cfg.get("head_dim") or dim // n_heads)  # None: dim / n_heads
     max_seq = cfg.integer("max_position_embeddings")
     h: dict[str, Any] = {
-        "dim": dim, "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv,
-        "hidden_dim": cfg.integer("intermediate_size"), "vocab": cfg.integer("vocab_size"),
+        "dim": dim,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "hidden_dim": cfg.integer("intermediate_size"),
+        "vocab": cfg.integer("vocab_size"),
         "max_seq": max_seq,
         "norm_eps": cfg.num("rms_norm_eps", cfg.get("rms_norm_eps"), positive=False),
-        "shared_classifier": int(tie), "qkv_bias": int(arch.qkv_bias), "qk_norm": int(arch.qk_norm),
-        "post_norms": int(arch.post_norms), "attn_gate": int(arch.attn_gate), "act": _act(cfg),
+        "shared_classifier": int(tie),
+        "qkv_bias": int(arch.qkv_bias),
+        "qk_norm": int(arch.qk_norm),
+        "post_norms": int(arch.post_norms),
+        "attn_gate": int(arch.attn_gate),
+        "act": _act(cfg),
         # head_dim only when it is not dim / n_heads (zero keeps the older meaning)
         "head_dim": 0 if dim % n_heads == 0 and head_dim == dim // n_heads else head_dim,
     }
     global_rope, local_rope = _rope_params(cfg)
-    rope, rot = _rope(cfg, global_rope, "rope_parameters" if not arch.local_rope
-                      else "rope_parameters.full_attention", head_dim)
+    rope, rot = _rope(
+        cfg,
+        global_rope,
+        "rope_parameters" if not arch.local_rope else "rope_parameters.full_attention",
+        head_dim,
+    )
     h.update(rope)
     h["rot_dim"] = 0 if rot == head_dim else rot
     if arch.gemma:
-        h["embed_scale"] = dim ** 0.5               # transformers: hidden_size**0.5
+        h["embed_scale"] = dim**0.5  # transformers: hidden_size**0.5
         qpas = cfg.num("query_pre_attn_scalar", cfg.get("query_pre_attn_scalar"))
-        h["attn_scale"] = 0.0 if qpas == head_dim else qpas ** -0.5   # zero means 1/sqrt(head_dim)
-        for key, hk in (("attn_logit_softcapping", "attn_softcap"),
-                        ("final_logit_softcapping", "final_softcap")):
+        h["attn_scale"] = 0.0 if qpas == head_dim else qpas**-0.5  # zero means 1/sqrt(head_dim)
+        for key, hk in (
+            ("attn_logit_softcapping", "attn_softcap"),
+            ("final_logit_softcapping", "final_softcap"),
+        ):
             v = cfg.get(key)
             h[hk] = 0.0 if v is None else cfg.num(key, v)
 
@@ -532,18 +659,22 @@ def plan_header(cfg: Config, tie: bool) -> Plan:
     if window is not None and any(windowed):
         window = cfg.integer("sliding_window")
         if window >= max_seq:
-            window = None   # every position the model allows is inside the window (decision)
+            window = None  # every position the model allows is inside the window (decision)
     if window is not None and any(windowed):
         h["sliding_window"] = window
         flags = [f | (1 if w else 0) for f, w in zip(flags, windowed, strict=True)]
     if arch.local_rope and "sliding_attention" in kinds:
         local, local_rot = _rope(cfg, local_rope, "rope_parameters.sliding_attention", head_dim)
         if local["rope_type"] != 0:
-            raise ConvertError(f"{cfg.where}: rope_parameters.sliding_attention has RoPE scaling; the "
-                               "format's local RoPE base is used unscaled")
+            raise ConvertError(
+                f"{cfg.where}: rope_parameters.sliding_attention has RoPE scaling; the "
+                "format's local RoPE base is used unscaled"
+            )
         if local_rot != rot:
-            raise ConvertError(f"{cfg.where}: the sliding layers rotate {local_rot} dimensions, the "
-                               f"global ones {rot}; the format has one rot_dim")
+            raise ConvertError(
+                f"{cfg.where}: the sliding layers rotate {local_rot} dimensions, the "
+                f"global ones {rot}; the format has one rot_dim"
+            )
         h["rope_local_theta"] = local["rope_theta"]
         flags = [f | (2 if k == "sliding_attention" else 0) for f, k in zip(flags, kinds, strict=True)]
     if arch.no_rope_layers:
@@ -589,7 +720,7 @@ def _transforms(plan: Plan) -> dict[str, tuple[Callable, Callable, Callable]]:
     one = np.float32(1.0)
     fold = plan.cfg.arch.one_centered_norms
 
-    def norm(x: np.ndarray) -> np.ndarray:   # (1 + w) in float32, as transformers computes it
+    def norm(x: np.ndarray) -> np.ndarray:  # (1 + w) in float32, as transformers computes it
         return one + x if fold else x
 
     def unnorm(x: np.ndarray) -> np.ndarray:
@@ -599,20 +730,23 @@ def _transforms(plan: Plan) -> dict[str, tuple[Callable, Callable, Callable]]:
         return x.reshape(-1, hd, *x.shape[1:])[:, perm].reshape(x.shape)
 
     def half(part: int) -> Callable[[np.ndarray], np.ndarray]:
-        def f(x: np.ndarray) -> np.ndarray:     # q_proj rows: per head hd query rows, hd gate rows
+        def f(x: np.ndarray) -> np.ndarray:  # q_proj rows: per head hd query rows, hd gate rows
             y = x.reshape(-1, 2, hd, x.shape[1])[:, part].reshape(-1, x.shape[1])
             return rope_rows(y) if part == 0 else y
+
         return f
 
     def unhalf(part: int) -> Callable[[np.ndarray, np.ndarray], None]:
         def f(x: np.ndarray, into: np.ndarray) -> None:
             y = rope_rows(x, pinv) if part == 0 else x
             into.reshape(-1, 2, hd, into.shape[1])[:, part] = y.reshape(-1, hd, into.shape[1])
+
         return f
 
     def put(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray, np.ndarray], None]:
         def f(x: np.ndarray, into: np.ndarray) -> None:
             into[...] = fn(x).reshape(into.shape)
+
         return f
 
     same = lambda s: s
@@ -623,8 +757,7 @@ def _transforms(plan: Plan) -> dict[str, tuple[Callable, Callable, Callable]]:
         "norm_rope": (lambda x: norm(x)[p], put(lambda x: unnorm(x[pinv])), same),
         "q_half": (half(0), unhalf(0), lambda s: (2 * s[0], s[1])),
         "g_half": (half(1), unhalf(1), lambda s: (2 * s[0], s[1])),
-        "conv": (lambda x: x.reshape(x.shape[0], x.shape[-1]), put(lambda x: x),
-                 lambda s: (s[0], 1, s[1])),
+        "conv": (lambda x: x.reshape(x.shape[0], x.shape[-1]), put(lambda x: x), lambda s: (s[0], 1, s[1])),
     }
 
 
@@ -655,26 +788,32 @@ def plan_tensors(plan: Plan, ckpt: Checkpoint) -> dict[str, Source]:
         if tensor not in names:
             raise ConvertError(f"{ckpt.folder}: missing tensor {tensor} (for {name})")
         if names[tensor].shape != hf_shape:
-            raise ConvertError(f"{ckpt.folder}: tensor {tensor} has shape {list(names[tensor].shape)}, "
-                               f"config.json implies {list(hf_shape)}")
-        ckpt.check_dtype(tensor)   # before writing starts; values are checked while streaming
+            raise ConvertError(
+                f"{ckpt.folder}: tensor {tensor} has shape {list(names[tensor].shape)}, "
+                f"config.json implies {list(hf_shape)}"
+            )
+        ckpt.check_dtype(tensor)  # before writing starts; values are checked while streaming
         out[name] = Source(tensor, transform, inverse)
     used = {s.tensor for s in out.values()}
-    if plan.tie:   # transformers ties lm_head to embed_tokens and ignores a stored lm_head
+    if plan.tie:  # transformers ties lm_head to embed_tokens and ignores a stored lm_head
         for t in LM_HEADS:
             if t in names:
                 if names[t].shape != names[prefix + "embed_tokens.weight"].shape:
-                    raise ConvertError(f"{ckpt.folder}: tie_word_embeddings is true but {t} has shape "
-                                       f"{list(names[t].shape)}, embed_tokens "
-                                       f"{list(names[prefix + 'embed_tokens.weight'].shape)}")
+                    raise ConvertError(
+                        f"{ckpt.folder}: tie_word_embeddings is true but {t} has shape "
+                        f"{list(names[t].shape)}, embed_tokens "
+                        f"{list(names[prefix + 'embed_tokens.weight'].shape)}"
+                    )
                 used.add(t)
     wrapped = prefix != "model."
     for t in sorted(names):
         if t in used or t.endswith("rotary_emb.inv_freq"):
             continue
         if t.startswith(prefix) or not wrapped and not t.startswith("mtp."):
-            raise ConvertError(f"{ckpt.folder}: unexpected tensor {t}: the format has no place for it "
-                               "(a config feature the converter does not support?)")
+            raise ConvertError(
+                f"{ckpt.folder}: unexpected tensor {t}: the format has no place for it "
+                "(a config feature the converter does not support?)"
+            )
     return out
 
 
@@ -688,7 +827,7 @@ class LazyArrays(Mapping):
         src = self.sources[name]
         return np.ascontiguousarray(src.transform(self.ckpt.load(src.tensor)))
 
-    def __contains__(self, name: object) -> bool:   # Mapping's default would load the tensor
+    def __contains__(self, name: object) -> bool:  # Mapping's default would load the tensor
         return name in self.sources
 
     def __iter__(self) -> Iterator[str]:
@@ -705,8 +844,9 @@ def unconvert(hf_dir: str | os.PathLike, model: mlb.Model) -> dict[str, np.ndarr
     folder = Path(hf_dir)
     cfg, tie = read_config(folder)
     plan = plan_header(cfg, tie)
-    plan.header.update(wtype=model.header["wtype"], q8_mask=model.header["q8_mask"],
-                       scale_f16=model.header["scale_f16"])
+    plan.header.update(
+        wtype=model.header["wtype"], q8_mask=model.header["q8_mask"], scale_f16=model.header["scale_f16"]
+    )
     ckpt = Checkpoint(folder)
     out: dict[str, np.ndarray] = {}
     for name, src in plan_tensors(plan, ckpt).items():
@@ -734,14 +874,23 @@ def q8_mask_bits(classes: Iterable[str] | int) -> tuple[int, list[str]]:
         bits |= CLASS_BITS[c]
         others = [o for o, b in CLASS_BITS.items() if b == CLASS_BITS[c] and o != c and o not in names]
         if others:
-            notes.append(f"--q8-mask {c}: {', '.join(others)} share its bit ({CLASS_BITS[c]}) and are "
-                         "stored as Q8_0 too")
+            notes.append(
+                f"--q8-mask {c}: {', '.join(others)} share its bit ({CLASS_BITS[c]}) and are "
+                "stored as Q8_0 too"
+            )
     return bits, notes
 
 
-def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, *, wtype: str = "q8_0",
-            f16_scales: bool = False, q8_mask: Iterable[str] | int = (), q4_rule: str | None = None,
-            imatrix: str | os.PathLike | mlb.Imatrix | None = None) -> dict:
+def convert(
+    hf_dir: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    wtype: str = "q8_0",
+    f16_scales: bool = False,
+    q8_mask: Iterable[str] | int = (),
+    q4_rule: str | None = None,
+    imatrix: str | os.PathLike | mlb.Imatrix | None = None,
+) -> dict:
     """Convert the checkpoint in ``hf_dir`` to ``out_path``; returns the header written (every
     field). Raises ConvertError (or mlb.MLBError from the writer); leaves no partial file."""
     folder = Path(hf_dir)
@@ -752,13 +901,15 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, *, wtype: st
         raise ConvertError("--q8-mask, --q4-rule and --imatrix apply to --wtype q4_0 only")
     cfg, tie = read_config(folder)
     plan = plan_header(cfg, tie)
-    if q4_rule is None:   # the seed: round is the default for Gemma 3 (QAT checkpoints expect it)
+    if q4_rule is None:  # the seed: round is the default for Gemma 3 (QAT checkpoints expect it)
         q4_rule = "round" if cfg.model_type == "gemma3_text" else "search"
     if q4_rule not in ("search", "round"):
         raise ConvertError(f"--q4-rule {q4_rule!r} is not search or round")
     if imatrix is not None and q4_rule == "round":
-        raise ConvertError("--imatrix needs --q4-rule search (the round rule ignores importance; "
-                           f"it is the default for {cfg.model_type})")
+        raise ConvertError(
+            "--imatrix needs --q4-rule search (the round rule ignores importance; "
+            f"it is the default for {cfg.model_type})"
+        )
     plan.header.update(wtype=layout.WTYPE_IDS[wtype.upper()], q8_mask=mask, scale_f16=int(f16_scales))
     try:
         h = mlb.full_header(plan.header)
@@ -770,22 +921,31 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, *, wtype: st
     im = mlb.read_imatrix(imatrix) if isinstance(imatrix, (str, os.PathLike)) else imatrix
     ckpt = Checkpoint(folder)
     sources = plan_tensors(plan, ckpt)
-    mlb.write(out_path, plan.header, LazyArrays(sources, ckpt), flags=plan.flags, q4_rule=q4_rule,
-              imatrix=im)
+    mlb.write(out_path, plan.header, LazyArrays(sources, ckpt), flags=plan.flags, q4_rule=q4_rule, imatrix=im)
     return h
 
 
 def main(argv: list[str] | None = None, prog: str = "convert.py") -> int:
-    ap = exits.ArgumentParser(prog=prog, description="Convert a Hugging Face checkpoint "
-                                 "(config.json + safetensors) to an MLB v1 model file.")
+    ap = exits.ArgumentParser(
+        prog=prog,
+        description="Convert a Hugging Face checkpoint (config.json + safetensors) to an MLB v1 model file.",
+    )
     ap.add_argument("hf_dir", help="checkpoint folder")
     ap.add_argument("out", help="output .mlb file")
     ap.add_argument("--wtype", choices=("q8_0", "q4_0"), default="q8_0")
     ap.add_argument("--f16-scales", action="store_true", help="store block scales as f16")
-    ap.add_argument("--q8-mask", default="", metavar="CLASS[,CLASS]",
-                    help=f"Q4_0 models: classes stored as Q8_0 ({', '.join(CLASS_BITS)})")
-    ap.add_argument("--q4-rule", choices=("search", "round"), default=None,
-                    help="Q4_0 rule (default: round for gemma3_text, search otherwise)")
+    ap.add_argument(
+        "--q8-mask",
+        default="",
+        metavar="CLASS[,CLASS]",
+        help=f"Q4_0 models: classes stored as Q8_0 ({', '.join(CLASS_BITS)})",
+    )
+    ap.add_argument(
+        "--q4-rule",
+        choices=("search", "round"),
+        default=None,
+        help="Q4_0 rule (default: round for gemma3_text, search otherwise)",
+    )
     ap.add_argument("--imatrix", metavar="FILE", help="MLI1 importance matrix (search rule)")
     args = ap.parse_args(argv)
     try:
@@ -793,16 +953,25 @@ def main(argv: list[str] | None = None, prog: str = "convert.py") -> int:
         _, notes = q8_mask_bits(classes)
         for n in notes:
             print(f"note: {n}", file=sys.stderr)
-        h = convert(args.hf_dir, args.out, wtype=args.wtype, f16_scales=args.f16_scales,
-                    q8_mask=classes, q4_rule=args.q4_rule, imatrix=args.imatrix)
+        h = convert(
+            args.hf_dir,
+            args.out,
+            wtype=args.wtype,
+            f16_scales=args.f16_scales,
+            q8_mask=classes,
+            q4_rule=args.q4_rule,
+            imatrix=args.imatrix,
+        )
     except (ConvertError, mlb.MLBError) as e:
         print(f"mlconf: error: {e}", file=sys.stderr)
         return exits.USAGE
     except OSError as e:
         print(f"mlconf: error: {args.out}: {e.strerror or e}", file=sys.stderr)
         return exits.USAGE
-    print(f"wrote {args.out}: {h['n_layers']} layers, dim {h['dim']}, vocab {h['vocab']}, "
-          f"{args.wtype}, {os.path.getsize(args.out)} bytes")
+    print(
+        f"wrote {args.out}: {h['n_layers']} layers, dim {h['dim']}, vocab {h['vocab']}, "
+        f"{args.wtype}, {os.path.getsize(args.out)} bytes"
+    )
     return 0
 
 

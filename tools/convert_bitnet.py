@@ -47,18 +47,18 @@ from mlconf.tools.convert import Checkpoint, ConvertError, _layer_types, read_co
 from mlconf.tools.files import read_regular, replacing
 
 I2_S_TYPE = 36
-I2_S_BLOCK = 128       # values per packed block (32 bytes)
-I2_S_TAIL = 32         # bytes after the codes: f32 scale + zero padding
+I2_S_BLOCK = 128  # values per packed block (32 bytes)
+I2_S_TAIL = 32  # bytes after the codes: f32 scale + zero padding
 
 
 @dataclass(frozen=True)
 class BitnetArch:
     gguf_arch: str
-    one_centered_norms: bool       # Gemma3RMSNorm: stored 1 + w
-    layer: dict[str, str]          # HF name after "layers.{i}." -> GGUF name after "blk.{i}."
-    eos_override: str | None       # token text forced as EOS, with add_eos_token true
-    pre: str                       # tokenizer.ggml.pre
-    vocab: str                     # tokenizer.ggml.model: gpt2 (byte-level BPE) or llama (SPM)
+    one_centered_norms: bool  # Gemma3RMSNorm: stored 1 + w
+    layer: dict[str, str]  # HF name after "layers.{i}." -> GGUF name after "blk.{i}."
+    eos_override: str | None  # token text forced as EOS, with add_eos_token true
+    pre: str  # tokenizer.ggml.pre
+    vocab: str  # tokenizer.ggml.model: gpt2 (byte-level BPE) or llama (SPM)
 
 
 # Common per-layer tensors (seed section 2), then the per-architecture ones.
@@ -83,23 +83,39 @@ COMMON_LAYER = {
 }
 GLOBAL = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}
 ARCHS: dict[str, BitnetArch] = {
-    "qwen3": BitnetArch("qwen3", False, {**COMMON_LAYER,
-                                         "post_attention_layernorm.weight": "ffn_norm.weight"},
-                        "<|endoftext|>", "qwen2", "gpt2"),
-    "gemma3_text": BitnetArch("gemma3", True, {
-        **COMMON_LAYER,
-        "post_attention_layernorm.weight": "post_attention_norm.weight",
-        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-        "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}, None, "default", "llama"),
+    "qwen3": BitnetArch(
+        "qwen3",
+        False,
+        {**COMMON_LAYER, "post_attention_layernorm.weight": "ffn_norm.weight"},
+        "<|endoftext|>",
+        "qwen2",
+        "gpt2",
+    ),
+    "gemma3_text": BitnetArch(
+        "gemma3",
+        True,
+        {
+            **COMMON_LAYER,
+            "post_attention_layernorm.weight": "post_attention_norm.weight",
+            "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+            "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+        },
+        None,
+        "default",
+        "llama",
+    ),
 }
 PREFIXES = ("", "model.")
-SKIPPED = ("lm_head.weight",)        # embedding models: no output head
-POOLING = {"pooling_mode_mean_tokens": "MEAN", "pooling_mode_cls_token": "CLS",
-           "pooling_mode_lasttoken": "LAST"}
+SKIPPED = ("lm_head.weight",)  # embedding models: no output head
+POOLING = {
+    "pooling_mode_mean_tokens": "MEAN",
+    "pooling_mode_cls_token": "CLS",
+    "pooling_mode_lasttoken": "LAST",
+}
 OUTTYPES = ("f32", "f16", "i2_s")
 # general.file_type per outtype: GGML's ALL_F32 / MOSTLY_F16, and bitnet.cpp's LLAMA_FTYPE_MOSTLY_I2_S
 FILE_TYPES = {"f32": 0, "f16": 1, "i2_s": 40}
-DEFAULT_CTX = 32768   # upstream's context_length when config.json has no max_position_embeddings
+DEFAULT_CTX = 32768  # upstream's context_length when config.json has no max_position_embeddings
 
 
 # ---------------------------------------------------------------- gguf-py run-time extension
@@ -112,12 +128,12 @@ def register_i2s():
     if I2_S_TYPE not in t._value2member_map_:
         m = int.__new__(t, I2_S_TYPE)
         m._name_, m._value_ = "I2_S", I2_S_TYPE
-        type.__setattr__(t, "I2_S", m)          # EnumType.__setattr__ refuses new members
+        type.__setattr__(t, "I2_S", m)  # EnumType.__setattr__ refuses new members
         t._member_map_["I2_S"] = m
         t._value2member_map_[I2_S_TYPE] = m
         t._member_names_.append("I2_S")
     member = t(I2_S_TYPE)
-    gguf.GGML_QUANT_SIZES.setdefault(member, (4, 1))   # the dict gguf_reader / quants import
+    gguf.GGML_QUANT_SIZES.setdefault(member, (4, 1))  # the dict gguf_reader / quants import
     return member
 
 
@@ -133,11 +149,11 @@ def pack_i2s(w: np.ndarray) -> bytes:
 # ---------------------------------------------------------------- plan
 @dataclass(frozen=True)
 class Item:
-    hf: str                        # checkpoint tensor
+    hf: str  # checkpoint tensor
     gguf: str
-    shape: tuple[int, ...]         # expected HF shape
-    kind: str                      # linear | embed | norm | fold_norm
-    norm_in: bool = False          # one of the seven per-projection BitLinear norms of a layer
+    shape: tuple[int, ...]  # expected HF shape
+    kind: str  # linear | embed | norm | fold_norm
+    norm_in: bool = False  # one of the seven per-projection BitLinear norms of a layer
 
 
 def _expected(cfg, arch: BitnetArch) -> tuple[dict[str, Any], list[Item]]:
@@ -150,35 +166,58 @@ def _expected(cfg, arch: BitnetArch) -> tuple[dict[str, Any], list[Item]]:
     ff = cfg.integer("intermediate_size")
     vocab = cfg.integer("vocab_size")
     q, kv = n_heads * head_dim, n_kv * head_dim
-    hp: dict[str, Any] = dict(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv,
-                              head_dim=head_dim, ff=ff, vocab=vocab,
-                              ctx=cfg.integer("max_position_embeddings",
-                                              cfg.get("max_position_embeddings") or DEFAULT_CTX),
-                              eps=cfg.num("rms_norm_eps", cfg.get("rms_norm_eps")))
+    hp: dict[str, Any] = dict(
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv=n_kv,
+        head_dim=head_dim,
+        ff=ff,
+        vocab=vocab,
+        ctx=cfg.integer("max_position_embeddings", cfg.get("max_position_embeddings") or DEFAULT_CTX),
+        eps=cfg.num("rms_norm_eps", cfg.get("rms_norm_eps")),
+    )
     shapes = {
-        "input_layernorm.weight": (dim,), "post_attention_layernorm.weight": (dim,),
-        "pre_feedforward_layernorm.weight": (dim,), "post_feedforward_layernorm.weight": (dim,),
-        "self_attn.q_proj.weight": (q, dim), "self_attn.k_proj.weight": (kv, dim),
-        "self_attn.v_proj.weight": (kv, dim), "self_attn.o_proj.weight": (dim, q),
-        "self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,),
-        "self_attn.q_proj.norm.weight": (dim,), "self_attn.k_proj.norm.weight": (dim,),
-        "self_attn.v_proj.norm.weight": (dim,), "self_attn.o_proj.norm.weight": (q,),
-        "mlp.gate_proj.weight": (ff, dim), "mlp.up_proj.weight": (ff, dim),
-        "mlp.down_proj.weight": (dim, ff), "mlp.gate_proj.norm.weight": (dim,),
-        "mlp.up_proj.norm.weight": (dim,), "mlp.down_proj.norm.weight": (ff,),
+        "input_layernorm.weight": (dim,),
+        "post_attention_layernorm.weight": (dim,),
+        "pre_feedforward_layernorm.weight": (dim,),
+        "post_feedforward_layernorm.weight": (dim,),
+        "self_attn.q_proj.weight": (q, dim),
+        "self_attn.k_proj.weight": (kv, dim),
+        "self_attn.v_proj.weight": (kv, dim),
+        "self_attn.o_proj.weight": (dim, q),
+        "self_attn.q_norm.weight": (head_dim,),
+        "self_attn.k_norm.weight": (head_dim,),
+        "self_attn.q_proj.norm.weight": (dim,),
+        "self_attn.k_proj.norm.weight": (dim,),
+        "self_attn.v_proj.norm.weight": (dim,),
+        "self_attn.o_proj.norm.weight": (q,),
+        "mlp.gate_proj.weight": (ff, dim),
+        "mlp.up_proj.weight": (ff, dim),
+        "mlp.down_proj.weight": (dim, ff),
+        "mlp.gate_proj.norm.weight": (dim,),
+        "mlp.up_proj.norm.weight": (dim,),
+        "mlp.down_proj.norm.weight": (ff,),
     }
 
     def kind(hf: str, shape: tuple[int, ...]) -> str:
         if len(shape) == 2:
             return "linear"
-        per_proj = hf.endswith("_proj.norm.weight")    # BitLinear input norm: plain w
+        per_proj = hf.endswith("_proj.norm.weight")  # BitLinear input norm: plain w
         return "fold_norm" if arch.one_centered_norms and not per_proj else "norm"
 
     items = [Item("embed_tokens.weight", "token_embd.weight", (vocab, dim), "embed")]
     for i in range(n_layers):
         for hf, g in arch.layer.items():
-            items.append(Item(f"layers.{i}.{hf}", f"blk.{i}.{g}", shapes[hf], kind(hf, shapes[hf]),
-                              hf.endswith("_proj.norm.weight")))
+            items.append(
+                Item(
+                    f"layers.{i}.{hf}",
+                    f"blk.{i}.{g}",
+                    shapes[hf],
+                    kind(hf, shapes[hf]),
+                    hf.endswith("_proj.norm.weight"),
+                )
+            )
     items.append(Item("norm.weight", "output_norm.weight", (dim,), kind("norm.weight", (dim,))))
     return hp, items
 
@@ -195,13 +234,16 @@ def _check_tensors(ckpt: Checkpoint, items: list[Item]) -> tuple[str, list[Item]
         items = [it for it in items if not it.norm_in]
     missing = [prefix + it.hf for it in items if prefix + it.hf not in names]
     if missing:
-        raise ConvertError(f"{ckpt.folder}: missing tensor{'s' if len(missing) > 1 else ''} "
-                           f"{', '.join(missing)}")
+        raise ConvertError(
+            f"{ckpt.folder}: missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+        )
     for it in items:
         got = names[prefix + it.hf].shape
         if got != it.shape:
-            raise ConvertError(f"{ckpt.folder}: tensor {prefix + it.hf} has shape {list(got)}, "
-                               f"config.json implies {list(it.shape)}")
+            raise ConvertError(
+                f"{ckpt.folder}: tensor {prefix + it.hf} has shape {list(got)}, "
+                f"config.json implies {list(it.shape)}"
+            )
         ckpt.check_dtype(prefix + it.hf)
     used = {prefix + it.hf for it in items} | {prefix + s for s in SKIPPED} | set(SKIPPED)
     extra = sorted(t for t in names if t not in used and not t.endswith("rotary_emb.inv_freq"))
@@ -229,8 +271,9 @@ def _pooling(folder: Path) -> str | None:
         raise ConvertError(f"{ppath}: cannot read the pooling config ({e})") from None
     on = [k for k, v in pcfg.items() if k.startswith("pooling_mode_") and v is True]
     if len(on) != 1 or on[0] not in POOLING:
-        raise ConvertError(f"{ppath}: pooling modes {on or 'none'} set; supported: exactly one "
-                           f"of {', '.join(POOLING)}")
+        raise ConvertError(
+            f"{ppath}: pooling modes {on or 'none'} set; supported: exactly one of {', '.join(POOLING)}"
+        )
     return POOLING[on[0]]
 
 
@@ -249,8 +292,10 @@ def _rope(cfg, arch: BitnetArch) -> tuple[float, float | None]:
         parts = (("rope_parameters", p),)
     for label, p in parts:
         if p.get("rope_type", p.get("type", "default")) != "default":
-            raise ConvertError(f"{cfg.where}: {label}.rope_type = {p.get('rope_type', p.get('type'))!r}: "
-                               "only unscaled RoPE is converted")
+            raise ConvertError(
+                f"{cfg.where}: {label}.rope_type = {p.get('rope_type', p.get('type'))!r}: "
+                "only unscaled RoPE is converted"
+            )
     bases = [cfg.num(f"{label}.rope_theta", p.get("rope_theta")) for label, p in parts]
     return bases[0], bases[1] if len(bases) > 1 else None
 
@@ -275,8 +320,9 @@ def _read_tokenizer(folder: Path) -> tuple[Path, dict]:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConvertError(f"{path}: cannot read the tokenizer ({e})") from None
     if tj["model"].get("type") != "BPE":
-        raise ConvertError(f"{path}: model.type {tj['model'].get('type')!r}: only BPE tokenizers are "
-                           "converted")
+        raise ConvertError(
+            f"{path}: model.type {tj['model'].get('type')!r}: only BPE tokenizers are converted"
+        )
     return path, tj
 
 
@@ -290,14 +336,16 @@ def _vocab_bpe(w, path: Path, tj: dict, arch: BitnetArch, n_vocab: int) -> list[
     import gguf
 
     if "ByteLevel" not in json.dumps(tj.get("pre_tokenizer")):
-        raise ConvertError(f"{path}: pre_tokenizer has no ByteLevel step: a {arch.gguf_arch} vocabulary is "
-                           "byte-level BPE (tokenizer.ggml.model gpt2)")
+        raise ConvertError(
+            f"{path}: pre_tokenizer has no ByteLevel step: a {arch.gguf_arch} vocabulary is "
+            "byte-level BPE (tokenizer.ggml.model gpt2)"
+        )
     added = _added(tj)
     by_id = {i: t for t, i in tj["model"]["vocab"].items()} | {i: c for i, (c, _) in added.items()}
     if max(by_id) >= n_vocab:
         raise ConvertError(f"{path}: token id {max(by_id)} >= vocab_size {n_vocab} of config.json")
     tokens, types = [], []
-    for i in range(n_vocab):   # ids the tokenizer lacks are padding, as llama.cpp's converter
+    for i in range(n_vocab):  # ids the tokenizer lacks are padding, as llama.cpp's converter
         t = by_id.get(i)
         if t is None:
             tokens.append(f"[PAD{i}]")
@@ -327,8 +375,10 @@ def _vocab_spm(w, path: Path, tj: dict, arch: BitnetArch, n_vocab: int) -> list[
 
     model = tj["model"]
     if not model.get("byte_fallback") or SPIECE not in json.dumps(tj.get("normalizer"), ensure_ascii=False):
-        raise ConvertError(f"{path}: a {arch.gguf_arch} vocabulary is SentencePiece-style BPE (byte_fallback "
-                           "and a normalizer writing \u2581 for spaces), as Gemma 3's; this one is not")
+        raise ConvertError(
+            f"{path}: a {arch.gguf_arch} vocabulary is SentencePiece-style BPE (byte_fallback "
+            "and a normalizer writing \u2581 for spaces), as Gemma 3's; this one is not"
+        )
     vocab: dict[str, int] = model["vocab"]
     if max(vocab.values()) >= n_vocab:
         raise ConvertError(f"{path}: token id {max(vocab.values())} >= vocab_size {n_vocab} of config.json")
@@ -378,7 +428,7 @@ def add_tokenizer(w, folder: Path, arch: BitnetArch, n_vocab: int) -> dict[str, 
     spm = arch.vocab == "llama"
     tokens = (_vocab_spm if spm else _vocab_bpe)(w, path, tj, arch, n_vocab)
     special = gguf.SpecialVocab(folder, load_merges=not spm, n_vocab=n_vocab)
-    if arch.eos_override is not None:   # Qwen3: last-token pooling needs <|endoftext|> appended
+    if arch.eos_override is not None:  # Qwen3: last-token pooling needs <|endoftext|> appended
         if arch.eos_override not in tokens:
             raise ConvertError(f"{path}: no {arch.eos_override} token for the EOS override")
         special.special_token_ids["eos"] = tokens.index(arch.eos_override)
@@ -400,8 +450,9 @@ def _closing_writer(writer):
         raise
 
 
-def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16",
-            f32_norms: bool = False) -> dict:
+def convert(
+    ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16", f32_norms: bool = False
+) -> dict:
     """Write the GGUF of the checkpoint folder ``ckpt`` to ``out``; returns a summary (arch,
     outtype, hyperparameters, pooling, tensor count). Raises ConvertError; no partial file.
     ``f32_norms``: every 1-D tensor in F32 whatever the outtype, as llama.cpp's own converters
@@ -414,18 +465,22 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
     try:
         top = json.loads(read_regular(folder / "config.json")).get("model_type")
     except (OSError, ValueError, AttributeError):
-        top = None   # read_config names the problem
+        top = None  # read_config names the problem
     if top is not None and top not in ARCHS:
-        raise ConvertError(f"{folder / 'config.json'}: model_type {top!r} is not supported "
-                           f"(supported: {', '.join(ARCHS)})")
+        raise ConvertError(
+            f"{folder / 'config.json'}: model_type {top!r} is not supported (supported: {', '.join(ARCHS)})"
+        )
     cfg, _ = read_config(folder)
     arch = ARCHS[cfg.model_type]
     hp, items = _expected(cfg, arch)
     rope_base, local_base = _rope(cfg, arch)
     pooling = _pooling(folder)
     # Gemma 3: which layers are windowed, from layer_types (or its default pattern) as transformers
-    windowed = [k == "sliding_attention" for k in _layer_types(cfg, hp["n_layers"])] \
-        if arch.gguf_arch == "gemma3" else []
+    windowed = (
+        [k == "sliding_attention" for k in _layer_types(cfg, hp["n_layers"])]
+        if arch.gguf_arch == "gemma3"
+        else []
+    )
     ck = Checkpoint(folder)
     prefix, items = _check_tensors(ck, items)
     i2s_type = register_i2s() if outtype == "i2_s" else None
@@ -434,8 +489,10 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
         bad = [it.hf for it in items if it.kind == "linear" and it.shape[1] % I2_S_BLOCK]
         if bad:
             t = prefix + bad[0]
-            raise ConvertError(f"{folder}: tensor {t} has rows of {ck.infos[t].shape[1]} values; "
-                               f"--outtype i2_s needs a multiple of {I2_S_BLOCK}")
+            raise ConvertError(
+                f"{folder}: tensor {t} has rows of {ck.infos[t].shape[1]} values; "
+                f"--outtype i2_s needs a multiple of {I2_S_BLOCK}"
+            )
 
     # Cast per kind and outtype (the module docstring's table).
     f16 = outtype != "f32"
@@ -462,7 +519,7 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
         w.add_feed_forward_length(hp["ff"])
         w.add_head_count(hp["n_heads"])
         w.add_head_count_kv(hp["n_kv"])
-        w.add_key_length(hp["head_dim"])       # head_dim != dim / n_heads in both models
+        w.add_key_length(hp["head_dim"])  # head_dim != dim / n_heads in both models
         w.add_value_length(hp["head_dim"])
         w.add_layer_norm_rms_eps(hp["eps"])
         w.add_rope_freq_base(rope_base)
@@ -471,18 +528,25 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
                 w.add_rope_freq_base_swa(local_base)
             if cfg.get("sliding_window") is not None:
                 w.add_sliding_window(cfg.integer("sliding_window"))
-                w.add_sliding_window_pattern(windowed)   # per layer, true = sliding
-            w.add_float32(f"{arch.gguf_arch}.attention.query_pre_attn_scalar",
-                          cfg.num("query_pre_attn_scalar", cfg.get("query_pre_attn_scalar")))
-        w.add_pooling_type(gguf.PoolingType[pooling or "MEAN"])   # upstream's default: mean
+                w.add_sliding_window_pattern(windowed)  # per layer, true = sliding
+            w.add_float32(
+                f"{arch.gguf_arch}.attention.query_pre_attn_scalar",
+                cfg.num("query_pre_attn_scalar", cfg.get("query_pre_attn_scalar")),
+            )
+        w.add_pooling_type(gguf.PoolingType[pooling or "MEAN"])  # upstream's default: mean
         tok = add_tokenizer(w, folder, arch, hp["vocab"])
         # Tensor infos first (sizes follow from the shapes), then the data one tensor at a time:
         # memory stays near the largest tensor (GGUFWriter.add_tensor would hold them all).
         for it in items:
             if i2s_type is not None and it.kind == "linear":
                 # byte shape (rows, cols/4) of uint8: gguf-py records the shape (rows, cols)
-                w.add_tensor_info(it.gguf, (it.shape[0], it.shape[1] // 4), np.dtype(np.uint8),
-                                  int(np.prod(it.shape)) // 4 + I2_S_TAIL, raw_dtype=i2s_type)
+                w.add_tensor_info(
+                    it.gguf,
+                    (it.shape[0], it.shape[1] // 4),
+                    np.dtype(np.uint8),
+                    int(np.prod(it.shape)) // 4 + I2_S_TAIL,
+                    raw_dtype=i2s_type,
+                )
             else:
                 half = f16_norms if it.kind in ("norm", "fold_norm") else f16
                 dt = np.dtype(np.float16 if half else np.float32)
@@ -497,20 +561,33 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16
             else:
                 w.write_tensor_data(np.ascontiguousarray(fns[it.kind](x)))
         w.close()
-    return dict(arch=arch.gguf_arch, outtype=outtype, pooling=pooling, tensors=len(items),
-                rope_base=rope_base, rope_base_swa=local_base, eos=tok["eos"], **hp)
+    return dict(
+        arch=arch.gguf_arch,
+        outtype=outtype,
+        pooling=pooling,
+        tensors=len(items),
+        rope_base=rope_base,
+        rope_base_swa=local_base,
+        eos=tok["eos"],
+        **hp,
+    )
 
 
 def main(argv: list[str] | None = None, prog: str = "convert_bitnet.py") -> int:
-    ap = exits.ArgumentParser(prog=prog, description="Convert a BitNet embedding checkpoint "
-                                 "(Qwen3 / Gemma 3 base, safetensors) to GGUF.")
+    ap = exits.ArgumentParser(
+        prog=prog,
+        description="Convert a BitNet embedding checkpoint (Qwen3 / Gemma 3 base, safetensors) to GGUF.",
+    )
     ap.add_argument("ckpt", help="checkpoint folder")
     ap.add_argument("out", help="output .gguf file")
     ap.add_argument("--outtype", choices=OUTTYPES, default="f16")
-    ap.add_argument("--f32-norms", action="store_true",
-                    help="write the norms (1-D tensors) in F32, as llama.cpp's converters do: stock "
-                    "llama.cpp cannot multiply by F16 norms (BitNet's converter writes them F16 for its own "
-                    "runtime)")
+    ap.add_argument(
+        "--f32-norms",
+        action="store_true",
+        help="write the norms (1-D tensors) in F32, as llama.cpp's converters do: stock "
+        "llama.cpp cannot multiply by F16 norms (BitNet's converter writes them F16 for its own "
+        "runtime)",
+    )
     args = ap.parse_args(argv)
     try:
         s = convert(args.ckpt, args.out, args.outtype, f32_norms=args.f32_norms)
@@ -520,8 +597,10 @@ def main(argv: list[str] | None = None, prog: str = "convert_bitnet.py") -> int:
     except OSError as e:
         print(f"mlconf: error: {args.out}: {e.strerror or e}", file=sys.stderr)
         return exits.USAGE
-    print(f"wrote {args.out}: {s['arch']}, {s['n_layers']} layers, dim {s['dim']}, {args.outtype}, "
-          f"pooling {s['pooling'] or 'unset'}, {os.path.getsize(args.out)} bytes")
+    print(
+        f"wrote {args.out}: {s['arch']}, {s['n_layers']} layers, dim {s['dim']}, {args.outtype}, "
+        f"pooling {s['pooling'] or 'unset'}, {os.path.getsize(args.out)} bytes"
+    )
     return 0
 
 

@@ -107,7 +107,7 @@ SPLIT_REGEX_FLAGS: dict[str, int] = {
     _REGEXES["gpt2"]: FLAG_GPT2_REGEX,
 }
 BYTE_LEVEL_REGEX_FLAG = FLAG_GPT2_REGEX  # ByteLevel(use_regex=true) splits with the GPT-2 regex
-DIGITS_FLAG = FLAG_INDIVIDUAL_DIGITS     # Digits(individual_digits=true) before the byte-level split
+DIGITS_FLAG = FLAG_INDIVIDUAL_DIGITS  # Digits(individual_digits=true) before the byte-level split
 # Metaspace prepend_scheme -> flag. "always" is HF's per-piece prefix but skipped when the piece
 # already starts with ▁ (a leading space); flag 4 unset is the Prepend normalizer's unconditional
 # prefix (Llama 2 = SentencePiece add_dummy_prefix), so "always" has no exact flag. "first" is
@@ -144,7 +144,7 @@ def _pattern(node: dict) -> tuple[str, str]:
     pat = node.get("pattern") or {}
     if len(pat) != 1:
         raise ConvertError(f"{_describe(node)}: pattern is neither String nor Regex")
-    (kind, text), = pat.items()
+    ((kind, text),) = pat.items()
     return kind, text
 
 
@@ -164,15 +164,17 @@ def _normalizer(node: dict | None) -> tuple[str | None, int, int | None]:
     if odd:
         raise ConvertError(f"normalizer {_describe(odd[0])} has no .mlt flag")
     if {"Prepend", "Replace"} & set(types) and sorted(types) != ["Prepend", "Replace"]:
-        raise ConvertError(f"normalizer Sequence{types}: only Prepend(\"▁\") with Replace(\" \", \"▁\") "
-                           "is expressible (the SentencePiece prefix)")
+        raise ConvertError(
+            f'normalizer Sequence{types}: only Prepend("▁") with Replace(" ", "▁") '
+            "is expressible (the SentencePiece prefix)"
+        )
     if types in (["Prepend", "Replace"], ["Replace", "Prepend"]):
         # Replace(" " -> ▁) and an unconditional Prepend(▁) give the same text in either order.
         prep, repl = leaves[types.index("Prepend")], leaves[types.index("Replace")]
         if prep.get("prepend") != SPIECE:
-            raise ConvertError(f"normalizer {_describe(prep)}: only Prepend(\"▁\") is the ▁ prefix")
+            raise ConvertError(f'normalizer {_describe(prep)}: only Prepend("▁") is the ▁ prefix')
         if _pattern(repl) != ("String", " ") or repl.get("content") != SPIECE:
-            raise ConvertError(f"normalizer {_describe(repl)}: only Replace(\" \", \"▁\") is expressible")
+            raise ConvertError(f'normalizer {_describe(repl)}: only Replace(" ", "▁") is expressible')
         return "prepend", 0, KIND_SP
     flags, kind = 0, None
     for leaf in leaves:
@@ -190,15 +192,17 @@ def _pre_tokenizer(node: dict | None) -> tuple[str | None, int, int | None]:
     if types == ["Metaspace"]:
         ms = leaves[0]
         if ms.get("replacement", SPIECE) != SPIECE:
-            raise ConvertError(f"pre_tokenizer {_describe(ms)}: replacement must be \"▁\"")
+            raise ConvertError(f'pre_tokenizer {_describe(ms)}: replacement must be "▁"')
         if ms.get("split", True):  # HF's default is split=true (a piece per word)
             raise ConvertError(f"pre_tokenizer {_describe(ms)}: split=true (a piece per word) has no flag")
         scheme = ms.get("prepend_scheme")
         if scheme is None:  # before tokenizers 0.15: add_prefix_space true = "always"
             scheme = "always" if ms.get("add_prefix_space", True) else "never"
         if scheme not in METASPACE_SCHEME_FLAGS:
-            raise ConvertError(f"pre_tokenizer {_describe(ms)}: prepend_scheme {scheme!r} has no .mlt flag "
-                               "(flag 4 is prepend_scheme first; the per-piece prefix is Prepend's)")
+            raise ConvertError(
+                f"pre_tokenizer {_describe(ms)}: prepend_scheme {scheme!r} has no .mlt flag "
+                "(flag 4 is prepend_scheme first; the per-piece prefix is Prepend's)"
+            )
         return "metaspace", METASPACE_SCHEME_FLAGS[scheme], KIND_SP
     flags, rest = 0, list(leaves)
     if rest[0].get("type") == "Digits":
@@ -210,8 +214,10 @@ def _pre_tokenizer(node: dict | None) -> tuple[str | None, int, int | None]:
         odd = next((x for x in leaves if x.get("type") not in ("Digits", "Split", "ByteLevel")), None)
         if odd is not None:
             raise ConvertError(f"pre_tokenizer {_describe(odd)} has no .mlt flag")
-        raise ConvertError(f"pre_tokenizer Sequence{types} has no .mlt flag (byte-level is [Digits] then "
-                           "ByteLevel(use_regex=true) or Split(known regex) + ByteLevel(use_regex=false))")
+        raise ConvertError(
+            f"pre_tokenizer Sequence{types} has no .mlt flag (byte-level is [Digits] then "
+            "ByteLevel(use_regex=true) or Split(known regex) + ByteLevel(use_regex=false))"
+        )
     bl = rest[-1]
     if bl.get("add_prefix_space"):
         raise ConvertError(f"pre_tokenizer {_describe(bl)}: add_prefix_space=true has no .mlt flag")
@@ -220,11 +226,14 @@ def _pre_tokenizer(node: dict | None) -> tuple[str | None, int, int | None]:
         split = rest[0]
         kind, text = _pattern(split)
         if kind != "Regex" or text not in SPLIT_REGEX_FLAGS:
-            raise ConvertError(f"pre_tokenizer Split: pattern {kind} {text!r} is not the Llama 3, Qwen2 "
-                               "or GPT-2 regex")
+            raise ConvertError(
+                f"pre_tokenizer Split: pattern {kind} {text!r} is not the Llama 3, Qwen2 or GPT-2 regex"
+            )
         if split.get("behavior") != "Isolated" or split.get("invert"):
-            raise ConvertError(f"pre_tokenizer Split(behavior={split.get('behavior')}, invert="
-                               f"{json.dumps(split.get('invert'))}): only Isolated, invert false has a flag")
+            raise ConvertError(
+                f"pre_tokenizer Split(behavior={split.get('behavior')}, invert="
+                f"{json.dumps(split.get('invert'))}): only Isolated, invert false has a flag"
+            )
         if use_regex:
             raise ConvertError("pre_tokenizer ByteLevel(use_regex=true) after a Split: two regexes, no flag")
         flags |= SPLIT_REGEX_FLAGS[text]
@@ -246,8 +255,10 @@ def _model(model: dict, kind: int) -> int:
         if model.get(key):
             raise ConvertError(f"model BPE {key}={model[key]!r} is not expressible")
     if kind == KIND_SP and not model.get("byte_fallback") and model.get("unk_token") is not None:
-        raise ConvertError(f"model BPE without byte_fallback (unk_token={model.get('unk_token')!r}) in a "
-                           "SentencePiece-style tokenizer: the format has no unk id")
+        raise ConvertError(
+            f"model BPE without byte_fallback (unk_token={model.get('unk_token')!r}) in a "
+            "SentencePiece-style tokenizer: the format has no unk id"
+        )
     if kind == KIND_BYTE_LEVEL and model.get("byte_fallback"):
         raise ConvertError("model BPE byte_fallback=true in a byte-level tokenizer: byte tokens are kind 1")
     return sum(flag for key, flag in MODEL_FLAGS.items() if model.get(key))
@@ -270,8 +281,9 @@ def _merges(model: dict, vocab: dict[str, int]) -> list[tuple[int, int, int]]:
             if piece not in vocab:
                 raise ConvertError(f"merge {rank} {left!r} + {right!r}: {piece!r} is not in the vocab")
         if left + right not in vocab:
-            raise ConvertError(f"merge {rank} {left!r} + {right!r}: the result {left + right!r} is not in "
-                               "the vocab")
+            raise ConvertError(
+                f"merge {rank} {left!r} + {right!r}: the result {left + right!r} is not in the vocab"
+            )
         # A pair listed twice takes its later rank in HF (a map built in list order): keep that one.
         ranks[(vocab[left], vocab[right])] = (rank, vocab[left + right])
     return [(a, b, merged) for (a, b), (_, merged) in sorted(ranks.items(), key=lambda kv: kv[1][0])]
@@ -292,8 +304,10 @@ def _added(added: list[dict], has_normalizer: bool) -> dict[int, str]:
             if t.get(key):
                 raise ConvertError(f"{name}: {key}=true ({why}) is not expressible")
         if t.get("normalized") and has_normalizer:
-            raise ConvertError(f"{name}: normalized=true is matched in the normalized text, the format "
-                               "matches added tokens before normalizing")
+            raise ConvertError(
+                f"{name}: normalized=true is matched in the normalized text, the format "
+                "matches added tokens before normalizing"
+            )
         if not isinstance(t.get("id"), int) or not t.get("content"):
             raise ConvertError(f"{name}: needs an integer id and non-empty content")
         if t["id"] in out:
@@ -306,8 +320,10 @@ def _added(added: list[dict], has_normalizer: bool) -> dict[int, str]:
     for a in sorted(norm):
         for b in sorted(raw):
             if _overlap(a, b):
-                raise ConvertError(f"added tokens {a!r} (normalized) and {b!r} (not normalized) overlap: HF "
-                                   "matches them in two passes, the format in one")
+                raise ConvertError(
+                    f"added tokens {a!r} (normalized) and {b!r} (not normalized) overlap: HF "
+                    "matches them in two passes, the format in one"
+                )
     return out
 
 
@@ -324,13 +340,16 @@ def _post_processor(node: dict | None) -> tuple[str | None, int | None]:
         specials = [p["SpecialToken"]["id"] for p in pieces if "SpecialToken" in p]
         shape = ["S" if "SpecialToken" in p else "A" for p in pieces]
         if shape not in (["A"], ["S", "A"]):
-            raise ConvertError(f"post_processor TemplateProcessing single {shape}: only [$A] or [BOS, $A] "
-                               "is expressible (no EOS, no second special token)")
+            raise ConvertError(
+                f"post_processor TemplateProcessing single {shape}: only [$A] or [BOS, $A] "
+                "is expressible (no EOS, no second special token)"
+            )
         if specials:
             ids = (leaf.get("special_tokens") or {}).get(specials[0], {}).get("ids")
             if not ids or len(ids) != 1:
-                raise ConvertError(f"post_processor TemplateProcessing: {specials[0]!r} must map to one id, "
-                                   f"got {ids}")
+                raise ConvertError(
+                    f"post_processor TemplateProcessing: {specials[0]!r} must map to one id, got {ids}"
+                )
             if bos[0] is not None:
                 raise ConvertError("post_processor: two TemplateProcessing steps each add a token")
             bos = (specials[0], ids[0])
@@ -354,8 +373,10 @@ def _specials(d: dict, cfg: dict, ids: dict[str, int], cfg_name: str) -> tuple[i
         raise ConvertError(f"{cfg_name} add_eos_token=true: appending EOS is not expressible")
     if "add_bos_token" in cfg and bool(cfg["add_bos_token"]) != bool(flags):
         adds = f"adds {bos_name!r}" if bos_name else "adds no BOS"
-        raise ConvertError(f"{cfg_name} add_bos_token={cfg['add_bos_token']} but tokenizer.json's "
-                           f"post_processor {adds}: ambiguous (tokenizers follows the post_processor)")
+        raise ConvertError(
+            f"{cfg_name} add_bos_token={cfg['add_bos_token']} but tokenizer.json's "
+            f"post_processor {adds}: ambiguous (tokenizers follows the post_processor)"
+        )
     cfg_bos, cfg_eos = _token_name(cfg.get("bos_token")), _token_name(cfg.get("eos_token"))
     if bos_name is not None and cfg_bos is not None and cfg_bos != bos_name:
         raise ConvertError(f"{cfg_name} bos_token {cfg_bos!r} differs from the post_processor's {bos_name!r}")
@@ -396,12 +417,16 @@ def build(json_path: str | os.PathLike, config_path: str | os.PathLike | None = 
     # The kind comes from where the ▁ prefix or the byte mapping is; the normalizer's flags must fit it.
     kind = p_kind if p_kind is not None else KIND_SP if n_source else None
     if kind is None:
-        raise ConvertError("neither a SentencePiece prefix (Prepend/Replace normalizer or Metaspace) nor a "
-                           "ByteLevel pre-tokenizer: no .mlt kind")
+        raise ConvertError(
+            "neither a SentencePiece prefix (Prepend/Replace normalizer or Metaspace) nor a "
+            "ByteLevel pre-tokenizer: no .mlt kind"
+        )
     if n_kind is not None and n_kind != kind:
         what = "Prepend/Replace (the ▁ prefix)" if n_source else _describe(d["normalizer"])
-        raise ConvertError(f"normalizer {what} does not apply to a "
-                           f"{'byte-level' if kind == KIND_BYTE_LEVEL else 'SentencePiece-style'} tokenizer")
+        raise ConvertError(
+            f"normalizer {what} does not apply to a "
+            f"{'byte-level' if kind == KIND_BYTE_LEVEL else 'SentencePiece-style'} tokenizer"
+        )
     flags = n_flags | p_flags | _model(model, kind)
 
     vocab = model.get("vocab")
@@ -442,13 +467,14 @@ def build(json_path: str | os.PathLike, config_path: str | os.PathLike | None = 
 
 def _piece(piece: str, kind: int, byte_fallback: bool) -> tuple[int, bytes]:
     if kind == KIND_SP:
-        m = BYTE_TOKEN.fullmatch(piece) if byte_fallback else None   # else HF never uses them as bytes
+        m = BYTE_TOKEN.fullmatch(piece) if byte_fallback else None  # else HF never uses them as bytes
         return (ATTR_BYTE, bytes([int(m.group(1), 16)])) if m else (ATTR_PLAIN, piece.encode("utf-8"))
     try:
         return ATTR_PLAIN, bytes(CHAR_TO_BYTE[c] for c in piece)
     except KeyError as e:
-        raise ConvertError(f"vocab piece {piece!r}: {e.args[0]!r} is not in the GPT-2 byte alphabet") \
-            from None
+        raise ConvertError(
+            f"vocab piece {piece!r}: {e.args[0]!r} is not in the GPT-2 byte alphabet"
+        ) from None
 
 
 def _spellings(piece: str, kind: int) -> set[bytes]:
@@ -479,12 +505,15 @@ def _check_bytes(vocab: dict[str, int], added: dict[int, str], kind: int, model:
         else:
             piece, what = BYTE_TO_CHAR[b], "byte-level token"
         if piece not in vocab or vocab[piece] in added:
-            raise ConvertError(f"the vocab has no {what} {piece!r} for byte {b:#04x}, so HF emits "
-                               f"unk_token {unk!r} for it: the format has no unk id")
+            raise ConvertError(
+                f"the vocab has no {what} {piece!r} for byte {b:#04x}, so HF emits "
+                f"unk_token {unk!r} for it: the format has no unk id"
+            )
 
 
-def convert(json_path: str | os.PathLike, out_path: str | os.PathLike,
-            config_path: str | os.PathLike | None = None) -> Tokenizer:
+def convert(
+    json_path: str | os.PathLike, out_path: str | os.PathLike, config_path: str | os.PathLike | None = None
+) -> Tokenizer:
     """Convert and write atomically; raises ConvertError (or mlt.MLTError) and writes nothing on refusal."""
     tok = build(json_path, config_path)
     mlt.write(out_path, tok)
@@ -492,12 +521,16 @@ def convert(json_path: str | os.PathLike, out_path: str | os.PathLike,
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "convert_tokenizer.py") -> int:
-    ap = exits.ArgumentParser(prog=prog, description="Convert a Hugging Face tokenizer.json (BPE) "
-                                 "to an .mlt tokenizer file.")
+    ap = exits.ArgumentParser(
+        prog=prog, description="Convert a Hugging Face tokenizer.json (BPE) to an .mlt tokenizer file."
+    )
     ap.add_argument("tokenizer_json", help="tokenizer.json")
     ap.add_argument("out", help="output .mlt file")
-    ap.add_argument("--config", metavar="FILE",
-                    help="tokenizer_config.json (default: the one beside tokenizer.json, if any)")
+    ap.add_argument(
+        "--config",
+        metavar="FILE",
+        help="tokenizer_config.json (default: the one beside tokenizer.json, if any)",
+    )
     args = ap.parse_args(argv)
     try:
         tok = convert(args.tokenizer_json, args.out, args.config)
@@ -505,8 +538,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "convert_tokenizer.py") 
         print(f"mlconf: error: {args.tokenizer_json}: {e}".replace("\n", " "), file=sys.stderr)
         return exits.USAGE
     except (KeyError, TypeError, AttributeError, IndexError) as e:  # a field of an unexpected shape
-        print(f"mlconf: error: {args.tokenizer_json}: malformed tokenizer.json ({type(e).__name__}: {e})",
-              file=sys.stderr)
+        print(
+            f"mlconf: error: {args.tokenizer_json}: malformed tokenizer.json ({type(e).__name__}: {e})",
+            file=sys.stderr,
+        )
         return exits.USAGE
     except OSError as e:
         print(f"mlconf: error: {args.out}: {e.strerror or e}", file=sys.stderr)

@@ -1,12 +1,12 @@
 """The exit statuses of every mlconf command (README "Exit statuses"), one meaning each:
 
-    0   OK          every selected case passes (or the command did what it was asked)
-    1   FAILED      a case failed (diff: a regression)
-    2   REJECTED    `mlconf load`: the backend rejected the file (a verdict, not an error)
-    4   USAGE       a usage or input error: a bad flag, a missing or unreadable file, an input
-                    the command cannot use (an unconvertible checkpoint, a bad results.json)
-    5   NOTHING     nothing selected (-k / --area / --shard matched no case), as pytest's 5
-    130 INTERRUPTED Ctrl-C
+0   OK          every selected case passes (or the command did what it was asked)
+1   FAILED      a case failed (diff: a regression)
+2   REJECTED    `mlconf load`: the backend rejected the file (a verdict, not an error)
+4   USAGE       a usage or input error: a bad flag, a missing or unreadable file, an input
+                the command cannot use (an unconvertible checkpoint, a bad results.json)
+5   NOTHING     nothing selected (-k / --area / --shard matched no case), as pytest's 5
+130 INTERRUPTED Ctrl-C
 """
 
 from __future__ import annotations

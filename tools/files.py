@@ -22,9 +22,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-_KINDS = ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO"),
-          (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
-          (stat.S_ISSOCK, "is a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "is a directory"),
+    (stat.S_ISFIFO, "is a FIFO"),
+    (stat.S_ISCHR, "is a character device"),
+    (stat.S_ISBLK, "is a block device"),
+    (stat.S_ISSOCK, "is a socket"),
+)
 
 
 class NotRegular(OSError):

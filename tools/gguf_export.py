@@ -52,22 +52,46 @@ from mlconf.tools.files import replacing
 
 # The llama.cpp architectures written: the header fields each adds to llama's, and whether llama.cpp
 # rotates the halves (i, i + head_dim / 2) of a head (NEOX) rather than its pairs (2i, 2i + 1).
-ARCHS = {"llama": ((), False), "qwen2": (("qkv_bias",), True), "qwen3": (("qk_norm",), True),
-         "gemma2": (("act", "post_norms"), True), "gemma3": (("act", "post_norms", "qk_norm"), True)}
+ARCHS = {
+    "llama": ((), False),
+    "qwen2": (("qkv_bias",), True),
+    "qwen3": (("qk_norm",), True),
+    "gemma2": (("act", "post_norms"), True),
+    "gemma3": (("act", "post_norms", "qk_norm"), True),
+}
 # Header fields that must be zero: no architecture written has a counterpart ...
 UNSUPPORTED = ("attn_gate", "lin_k_heads", "lin_v_heads", "lin_k_dim", "lin_v_dim", "lin_conv")
 # ... and those only the Gemma ones have.
-GEMMA_ONLY = ("sliding_window", "act", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
-              "rope_local_theta")
+GEMMA_ONLY = (
+    "sliding_window",
+    "act",
+    "post_norms",
+    "attn_scale",
+    "attn_softcap",
+    "final_softcap",
+    "rope_local_theta",
+)
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's attention scale differs at this size
 FLAG_WINDOW, FLAG_LOCAL_ROPE, FLAG_NO_ROPE, FLAG_LINEAR = 1, 2, 4, 8
 # .mlb array or matrix -> llama.cpp tensor of a layer.
-LAYER_NAMES = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
-               "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
-               "w1": "ffn_gate.weight", "w2": "ffn_down.weight", "w3": "ffn_up.weight",
-               "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
-               "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
-               "post_attn_norm": "post_attention_norm.weight", "post_ffn_norm": "post_ffw_norm.weight"}
+LAYER_NAMES = {
+    "attn_norm": "attn_norm.weight",
+    "wq": "attn_q.weight",
+    "wk": "attn_k.weight",
+    "wv": "attn_v.weight",
+    "wo": "attn_output.weight",
+    "ffn_norm": "ffn_norm.weight",
+    "w1": "ffn_gate.weight",
+    "w2": "ffn_down.weight",
+    "w3": "ffn_up.weight",
+    "bq": "attn_q.bias",
+    "bk": "attn_k.bias",
+    "bv": "attn_v.bias",
+    "q_norm": "attn_q_norm.weight",
+    "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight",
+    "post_ffn_norm": "post_ffw_norm.weight",
+}
 # Arrays whose rows (or values) follow a head's dimensions: reordered for a NEOX architecture.
 ROTATED = ("wq", "wk", "bq", "bk", "q_norm", "k_norm")
 BLOCK = 32
@@ -101,8 +125,10 @@ def f16_scales(d: np.ndarray, where: str) -> np.ndarray:
     bad = d16.astype(np.float32) != d
     if bad.any():
         i = int(np.flatnonzero(bad.ravel())[0])
-        raise ExportError(f"{where}: scale {float(d.ravel()[i])!r} (block {i}) is not exact in f16 and "
-                          f"GGML stores f16 scales; write the .mlb with scale_f16 = 1")
+        raise ExportError(
+            f"{where}: scale {float(d.ravel()[i])!r} (block {i}) is not exact in f16 and "
+            f"GGML stores f16 scales; write the .mlb with scale_f16 = 1"
+        )
     return d16
 
 
@@ -120,38 +146,51 @@ def architecture(m: mlb.Model) -> str:
     h = m.header
     for k in UNSUPPORTED:
         if h[k]:
-            raise ExportError(f"{m.path}: header {k} = {h[k]!r}: none of llama.cpp's {', '.join(ARCHS)} "
-                              f"architectures (the ones exported) has a counterpart")
+            raise ExportError(
+                f"{m.path}: header {k} = {h[k]!r}: none of llama.cpp's {', '.join(ARCHS)} "
+                f"architectures (the ones exported) has a counterpart"
+            )
     if h["rope_type"] == 3:
         raise ExportError(f"{m.path}: header rope_type = 3 (yarn) is not exported")
     if m.derived["rot_dim"] != m.derived["head_dim"]:  # llama.cpp: "invalid n_rot" otherwise
-        raise ExportError(f"{m.path}: header rot_dim = {h['rot_dim']}: the architectures exported rotate "
-                          f"whole heads ({m.derived['head_dim']} dims)")
+        raise ExportError(
+            f"{m.path}: header rot_dim = {h['rot_dim']}: the architectures exported rotate "
+            f"whole heads ({m.derived['head_dim']} dims)"
+        )
     flags = list(m.flags) if m.flags is not None else []
     for bit, what in ((FLAG_NO_ROPE, "unrotated (NoPE)"), (FLAG_LINEAR, "linear-attention")):
         layers = [i for i, f in enumerate(flags) if f & bit]
         if layers:
-            raise ExportError(f"{m.path}: layer flags: layers {layers} are {what}; the architectures "
-                              f"exported have no such layer")
+            raise ExportError(
+                f"{m.path}: layer flags: layers {layers} are {what}; the architectures "
+                f"exported have no such layer"
+            )
     if h["act"] == 1 or h["post_norms"]:
         return _gemma(m, flags)
     for k in GEMMA_ONLY:
         if h[k]:
-            raise ExportError(f"{m.path}: header {k} = {h[k]!r}: of llama.cpp's architectures exported only "
-                              f"gemma2 / gemma3 have it, and they need act = 1 (GELU) and post_norms")
+            raise ExportError(
+                f"{m.path}: header {k} = {h[k]!r}: of llama.cpp's architectures exported only "
+                f"gemma2 / gemma3 have it, and they need act = 1 (GELU) and post_norms"
+            )
     if h["embed_scale"] not in (0.0, 1.0):
-        raise ExportError(f"{m.path}: header embed_scale = {h['embed_scale']!r}: the architectures exported "
-                          f"scale the embedding only in gemma2 / gemma3 (GELU, post norms)")
+        raise ExportError(
+            f"{m.path}: header embed_scale = {h['embed_scale']!r}: the architectures exported "
+            f"scale the embedding only in gemma2 / gemma3 (GELU, post norms)"
+        )
     if any(flags):
         raise ExportError(f"{m.path}: layer flags {flags}: the llama-family architectures have none")
     has = tuple(k for k in ("qkv_bias", "qk_norm") if h[k])
     arch = next((a for a, (fields, _) in ARCHS.items() if fields == has), None)
     if arch is None:
-        raise ExportError(f"{m.path}: header qkv_bias and qk_norm both set: no llama.cpp architecture has "
-                          f"both")
+        raise ExportError(
+            f"{m.path}: header qkv_bias and qk_norm both set: no llama.cpp architecture has both"
+        )
     if h["rope_type"] == 1 and arch != "llama":  # only llama's loader reads rope_freqs
-        raise ExportError(f"{m.path}: header rope_type = 1 (llama3) with {', '.join(has)}: llama.cpp reads "
-                          f"rope_freqs for its llama architecture only")
+        raise ExportError(
+            f"{m.path}: header rope_type = 1 (llama3) with {', '.join(has)}: llama.cpp reads "
+            f"rope_freqs for its llama architecture only"
+        )
     return arch
 
 
@@ -159,36 +198,50 @@ def _gemma(m: mlb.Model, flags: list[int]) -> str:
     """gemma2 or gemma3, when the .mlb matches what llama.cpp fixes in them (module docstring)."""
     h, hd = m.header, m.derived["head_dim"]
     if not (h["act"] == 1 and h["post_norms"]):
-        raise ExportError(f"{m.path}: header act = {h['act']}, post_norms = {h['post_norms']}: llama.cpp's "
-                          f"GELU architectures (gemma2, gemma3) have both GELU (act = 1) and post norms")
+        raise ExportError(
+            f"{m.path}: header act = {h['act']}, post_norms = {h['post_norms']}: llama.cpp's "
+            f"GELU architectures (gemma2, gemma3) have both GELU (act = 1) and post norms"
+        )
     if h["qkv_bias"]:
         raise ExportError(f"{m.path}: header qkv_bias = 1: llama.cpp's gemma2 / gemma3 have no q/k/v biases")
     arch = "gemma3" if h["qk_norm"] else "gemma2"
     embed = np.sqrt(np.float32(h["dim"]))  # llama.cpp: ggml_scale(inpL, sqrtf(n_embd))
     if np.float32(h["embed_scale"] or 1.0) != embed:
-        raise ExportError(f"{m.path}: header embed_scale = {h['embed_scale']!r}: llama.cpp's {arch} scales "
-                          f"the embedding by sqrtf(dim) = {float(embed)!r}")
+        raise ExportError(
+            f"{m.path}: header embed_scale = {h['embed_scale']!r}: llama.cpp's {arch} scales "
+            f"the embedding by sqrtf(dim) = {float(embed)!r}"
+        )
     full = h["n_layers"] == GEMMA_27B_LAYERS[arch]
     theirs = 1 / np.sqrt(np.float32(h["dim"] // h["n_heads"] if full else hd))
     ours = h["attn_scale"] or 1 / np.sqrt(hd)
     if abs(ours - theirs) > 1e-6 * theirs:
-        raise ExportError(f"{m.path}: header attn_scale = {h['attn_scale']!r}: llama.cpp's {arch} of "
-                          f"{h['n_layers']} layers scales the scores by {float(theirs):.9g} (1/sqrtf("
-                          f"{'dim / n_heads' if full else 'head_dim'}))")
+        raise ExportError(
+            f"{m.path}: header attn_scale = {h['attn_scale']!r}: llama.cpp's {arch} of "
+            f"{h['n_layers']} layers scales the scores by {float(theirs):.9g} (1/sqrtf("
+            f"{'dim / n_heads' if full else 'head_dim'}))"
+        )
     if arch == "gemma2":
         for k in ("attn_softcap", "final_softcap"):
             if not h[k]:
-                raise ExportError(f"{m.path}: header {k} = 0: llama.cpp's gemma2 always caps (the attention "
-                                  f"scores and the logits)")
+                raise ExportError(
+                    f"{m.path}: header {k} = 0: llama.cpp's gemma2 always caps (the attention "
+                    f"scores and the logits)"
+                )
         if not h["shared_classifier"]:
-            raise ExportError(f"{m.path}: header shared_classifier = 0: llama.cpp's gemma2 multiplies by the "
-                              f"embedding (it has no output matrix)")
+            raise ExportError(
+                f"{m.path}: header shared_classifier = 0: llama.cpp's gemma2 multiplies by the "
+                f"embedding (it has no output matrix)"
+            )
     elif h["attn_softcap"]:
-        raise ExportError(f"{m.path}: header attn_softcap = {h['attn_softcap']!r}: llama.cpp's gemma3 caps "
-                          f"no attention score")
+        raise ExportError(
+            f"{m.path}: header attn_softcap = {h['attn_softcap']!r}: llama.cpp's gemma3 caps "
+            f"no attention score"
+        )
     if h["rope_type"] == 1:
-        raise ExportError(f"{m.path}: header rope_type = 1 (llama3): llama.cpp reads rope_freqs for its "
-                          f"llama architecture only")
+        raise ExportError(
+            f"{m.path}: header rope_type = 1 (llama3): llama.cpp reads rope_freqs for its "
+            f"llama architecture only"
+        )
     rope_layers(m, arch, flags)
     return arch
 
@@ -222,12 +275,16 @@ def rope_layers(m: mlb.Model, arch: str, flags: list[int]) -> float:
     theirs = [(base_swa, scaled and arch == "gemma2") if s else (h["rope_theta"], scaled) for s in swa]
     for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
         if a != b:
+
             def say(r):
                 return f"base {r[0]:g}{' scaled' if r[1] else ''}"
+
             kind = "sliding" if swa[i] else "full-attention"
-            raise ExportError(f"{m.path}: layer {i} turns by RoPE {say(a)}; llama.cpp's {arch} gives a "
-                              f"{kind} layer {say(b)} (it ties the second base, rope.freq_base_swa, to the "
-                              f"sliding layers)")
+            raise ExportError(
+                f"{m.path}: layer {i} turns by RoPE {say(a)}; llama.cpp's {arch} gives a "
+                f"{kind} layer {say(b)} (it ties the second base, rope.freq_base_swa, to the "
+                f"sliding layers)"
+            )
     return base_swa
 
 
@@ -251,8 +308,9 @@ def placeholder_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     from gguf import TokenType
 
     texts = ["<unk>", "<s>", "</s>", "<0x0A>"] + [f"<t{i}>" for i in range(4, n)]
-    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL, TokenType.BYTE] + \
-        [TokenType.NORMAL] * (n - 4)
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL, TokenType.BYTE] + [TokenType.NORMAL] * (
+        n - 4
+    )
     texts, types = texts[:n], [int(t) for t in types[:n]]
     if n == 3:  # no room for <0x0A>: llama.cpp falls back to looking up "\n"
         texts[0] = "\n"

@@ -45,8 +45,10 @@ F16_MAX_M = 65504.0 * 8  # |largest element| at most this, so d = m / -8 fits in
 # Below |m| = 2^-124 the scale d = m/-8 is so small that 1/d overflows (from 2^-125 on): gguf-py
 # then casts inf and NaN to uint8, which NumPy leaves undefined. Random blocks stay above it.
 TINY_M = 2.0**-124
-MANIFEST_HEADER = ("# sha256 path oracle oracle_version command...  (the command re-derives the file; "
-                   "oracle_version may add +package-version of what the oracle ran on)")
+MANIFEST_HEADER = (
+    "# sha256 path oracle oracle_version command...  (the command re-derives the file; "
+    "oracle_version may add +package-version of what the oracle ran on)"
+)
 
 
 # ---------------------------------------------------------------- inputs
@@ -107,7 +109,7 @@ def q4_0_round_inputs(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, list[st
     differ in the last bit), so the golden's inputs are the same bits on every host."""
     rng = np.random.default_rng(seed)
 
-    def scaled(rows: int, lo: int, hi: int) -> np.ndarray:   # a bell block times 2^e, e per row
+    def scaled(rows: int, lo: int, hi: int) -> np.ndarray:  # a bell block times 2^e, e per row
         return np.ldexp(_bell(rng, (rows, BLOCK)), rng.integers(lo, hi, (rows, 1)))
 
     fams: dict[str, np.ndarray] = {
@@ -117,8 +119,9 @@ def q4_0_round_inputs(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, list[st
         # far above the rest, as a heavy-tailed distribution gives
         "heavy_tail": np.ldexp(scaled(64, -7, 10), rng.integers(-4, 9, (64, BLOCK))),
         "tiny": scaled(48, -120, -10),
-        "uniform": np.ldexp(rng.integers(-65536, 65537, (32, BLOCK)).astype(np.float64),
-                            rng.integers(-26, 1, (32, 1))),
+        "uniform": np.ldexp(
+            rng.integers(-65536, 65537, (32, BLOCK)).astype(np.float64), rng.integers(-26, 1, (32, 1))
+        ),
     }
     # ties: d = +-2^e exactly, elements (k + 0.5) d, so x * id lands on k + 0.5
     e = rng.integers(-20, 16, (48, 1))
@@ -157,8 +160,23 @@ def derive_q4_0_round() -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------- the I2_S mean (NumPy 1.26)
 I2S_MEAN_SEED = 20261201
 # element counts: around the chunk (8192) and pairwise-leaf (128) boundaries, and real shapes
-I2S_MEAN_SIZES = [128, 256, 384, 1024, 8064, 8192, 8320, 16384, 16512, 24576, 40960, 49152,
-                  128 * 1024, 640 * 640, 1024 * 1024]
+I2S_MEAN_SIZES = [
+    128,
+    256,
+    384,
+    1024,
+    8064,
+    8192,
+    8320,
+    16384,
+    16512,
+    24576,
+    40960,
+    49152,
+    128 * 1024,
+    640 * 640,
+    1024 * 1024,
+]
 
 
 def i2s_mean_inputs(seed: int = I2S_MEAN_SEED) -> list[np.ndarray]:
@@ -177,8 +195,10 @@ def i2s_mean_inputs(seed: int = I2S_MEAN_SEED) -> list[np.ndarray]:
 
 def derive_i2s_mean() -> dict[str, np.ndarray]:
     if not np.__version__.startswith("1.26."):
-        raise RuntimeError(f"i2s_mean is NumPy 1.26's np.mean (bitnet.cpp's pin); this is NumPy "
-                           f"{np.__version__}: run it under pip install numpy==1.26.4")
+        raise RuntimeError(
+            f"i2s_mean is NumPy 1.26's np.mean (bitnet.cpp's pin); this is NumPy "
+            f"{np.__version__}: run it under pip install numpy==1.26.4"
+        )
     ws = i2s_mean_inputs()
     means = np.array([np.float32(np.mean(np.abs(w))) for w in ws], dtype=np.float32)
     return {"sizes": np.array([w.size for w in ws], dtype=np.int64), "mean_bits": means.view(np.uint32)}
@@ -220,8 +240,9 @@ def update_manifest(manifest: Path, row: list[str]) -> None:
     atomic_write(manifest, [text.encode("utf-8")])
 
 
-def generate_cases(names: list[str], out_dir: Path, default_dir: Path, derive, oracle: str, version: str,
-                   script: str) -> list[Path]:
+def generate_cases(
+    names: list[str], out_dir: Path, default_dir: Path, derive, oracle: str, version: str, script: str
+) -> list[Path]:
     """Derive the files of every named case into out_dir and record them in a MANIFEST: golden/'s
     (paths relative to golden/) when out_dir is the default folder, else out_dir's own."""
     written = []
@@ -235,8 +256,9 @@ def generate_cases(names: list[str], out_dir: Path, default_dir: Path, derive, o
     return written
 
 
-def cases_main(argv: list[str] | None, doc: str, cases, default_dir: Path, generate, script: str,
-               install_hint: str) -> int:
+def cases_main(
+    argv: list[str] | None, doc: str, cases, default_dir: Path, generate, script: str, install_hint: str
+) -> int:
     """The command line of a case-based golden generator (golden_logits.py, golden_tokenizers.py)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("names", nargs="*", metavar="NAME", help=f"cases (default all): {', '.join(cases)}")
@@ -257,7 +279,7 @@ def cases_main(argv: list[str] | None, doc: str, cases, default_dir: Path, gener
 
 # Oracles run in an upstream system's pinned environment, which the `oracle` extra does not
 # install (distribution -> the version the golden needs): such goldens re-derive only there.
-PINNED_ORACLES = {"numpy": "1.26.4"}   # bitnet.cpp's converter: llama.cpp's numpy~=1.26.4
+PINNED_ORACLES = {"numpy": "1.26.4"}  # bitnet.cpp's converter: llama.cpp's numpy~=1.26.4
 
 GOLDENS: dict[str, tuple[str, str, Callable[[], dict[str, np.ndarray]]]] = {
     # name: (file in golden/, oracle distribution, derive)
@@ -271,8 +293,9 @@ def generate(name: str, out_dir: Path = GOLDEN_DIR) -> Path:
     path = Path(out_dir) / fname
     write_npz(path, derive())
     version = metadata.version(oracle)
-    update_manifest(Path(out_dir) / "MANIFEST",
-                    [sha256(path), fname, oracle, version, "python", "tools/golden.py", name])
+    update_manifest(
+        Path(out_dir) / "MANIFEST", [sha256(path), fname, oracle, version, "python", "tools/golden.py", name]
+    )
     return path
 
 

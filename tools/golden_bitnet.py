@@ -52,9 +52,11 @@ from mlconf.tools import bitnet_models, golden
 from mlconf.tools.files import atomic_write
 
 SEED = 7
-LENGTHS = (1, 5, 12)          # 12 exceeds Gemma 3's sliding window (8)
+LENGTHS = (1, 5, 12)  # 12 exceeds Gemma 3's sliding window (8)
 POOLINGS = ("mean", "cls", "last")
 OUT = GOLDEN_DIR / "bitnet"
+
+
 @dataclass(frozen=True)
 class EmbedCase:
     """One embedding golden: a bitnet_models checkpoint, its GGUF outtype and the oracles' readings.
@@ -62,11 +64,12 @@ class EmbedCase:
     as bitnet.cpp reads them, float (the BitLinear oracle without quantization), and ternary as
     the explicit option (``ternary_*`` arrays). Teachers (plain models) are read float by
     transformers' own Qwen3Model / Gemma3TextModel."""
+
     flavor: str
     outtype: str
-    pooling: str                   # sentence-transformers' pooling of the checkpoint
+    pooling: str  # sentence-transformers' pooling of the checkpoint
     teacher: bool = False
-    overrides: dict = field(default_factory=dict)   # config keyword arguments
+    overrides: dict = field(default_factory=dict)  # config keyword arguments
 
     @property
     def readings(self) -> dict[str, str]:
@@ -80,13 +83,21 @@ class EmbedCase:
 # qwen3_f16 has one layer, one KV head (GQA 4:1) and a smaller vocabulary (~220 KB in all); the
 # I2_S cases keep two layers (Gemma 3: one sliding, one full) and stay under 150 KB. The teachers
 # need no 128-wide rows (no I2_S): hidden 64, two heads of 32, one KV head, FFN 64 (~130-160 KB).
-_SMALL_TEACHER = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
-                  "intermediate_size": 64}
+_SMALL_TEACHER = {
+    "hidden_size": 64,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 64,
+}
 CASES: dict[str, EmbedCase] = {
     "qwen3_i2s": EmbedCase("qwen3", "i2_s", "lasttoken", overrides={"hidden_size": 128}),
     "gemma3_i2s": EmbedCase("gemma3_text", "i2_s", "mean", overrides={"hidden_size": 128}),
-    "qwen3_f16": EmbedCase("qwen3", "f16", "lasttoken", overrides={
-        "hidden_size": 128, "num_hidden_layers": 1, "num_key_value_heads": 1, "vocab_size": 128}),
+    "qwen3_f16": EmbedCase(
+        "qwen3",
+        "f16",
+        "lasttoken",
+        overrides={"hidden_size": 128, "num_hidden_layers": 1, "num_key_value_heads": 1, "vocab_size": 128},
+    ),
     "qwen3_teacher_f16": EmbedCase("qwen3", "f16", "lasttoken", teacher=True, overrides=_SMALL_TEACHER),
     "gemma3_teacher_f16": EmbedCase("gemma3_text", "f16", "mean", teacher=True, overrides=_SMALL_TEACHER),
 }
@@ -123,8 +134,10 @@ class Pins:
             calls = np.asarray(committed["pins_call"])
             for c in np.unique(calls):
                 sel = calls == c
-                self.committed[int(c)] = (np.asarray(committed["pins_index"])[sel],
-                                          np.asarray(committed["pins_value"])[sel])
+                self.committed[int(c)] = (
+                    np.asarray(committed["pins_index"])[sel],
+                    np.asarray(committed["pins_value"])[sel],
+                )
 
     def round(self, t):
         """C round() (half away from zero) of the float64 tensor t, with the pins applied."""
@@ -147,8 +160,11 @@ class Pins:
 
     def arrays(self) -> dict[str, np.ndarray]:
         cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
-        return {"pins_call": cat(self.calls, np.int32), "pins_index": cat(self.index, np.int32),
-                "pins_value": cat(self.value, np.int16)}
+        return {
+            "pins_call": cat(self.calls, np.int32),
+            "pins_index": cat(self.index, np.int32),
+            "pins_value": cat(self.value, np.int16),
+        }
 
 
 @cache
@@ -175,7 +191,7 @@ def _bitlinear_class():
             if not self.quant:
                 return x @ w.T
             a = 127.0 / x.abs().amax(-1, keepdim=True).clamp(min=1e-5)
-            t = (x * a).double()   # |t| + 0.5 exact in float64: C round() without a float32 double rounding
+            t = (x * a).double()  # |t| + 0.5 exact in float64: C round() without a float32 double rounding
             xq = self.pins.round(t).clamp(-128, 127).float()
             # the goldens' weights are on the grid 2^-11 (hf_models.exact_parameters) and sum to
             # fewer than 2^24 grid steps: their float32 sum is exact in any order, so sw is the
@@ -219,12 +235,15 @@ def oracle_model(folder: str | Path, outtype: str = "f32", quant: bool = True, p
     bitlinear = _bitlinear_class()
     pins = pins if pins is not None else Pins()
     for layer in model.layers:
-        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+        for parent, names in (
+            (layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+            (layer.mlp, ("gate_proj", "up_proj", "down_proj")),
+        ):
             for nm in names:
                 old = getattr(parent, nm)
-                setattr(parent, nm, bitlinear(old.in_features, old.out_features, cfg.rms_norm_eps, quant,
-                                               pins))
+                setattr(
+                    parent, nm, bitlinear(old.in_features, old.out_features, cfg.rms_norm_eps, quant, pins)
+                )
     sd = as_stored(load_file(str(folder / "model.safetensors")), cfg.model_type != "qwen3", outtype)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if unexpected or not all("inv_freq" in k for k in missing):
@@ -279,12 +298,13 @@ def pool(h: np.ndarray, pooling: str, normalize: bool = False) -> np.ndarray:
 
 
 def tokens_for(name: str, vocab: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(SEED + zlib.crc32(name.encode()))   # a case's own stream
+    rng = np.random.default_rng(SEED + zlib.crc32(name.encode()))  # a case's own stream
     return [rng.integers(3, vocab, n).astype(np.int32) for n in LENGTHS]
 
 
-def derive_embeddings(name: str, out_dir: Path, pins_from: Path | None = None,
-                      stats: dict | None = None) -> tuple[Path, Path]:
+def derive_embeddings(
+    name: str, out_dir: Path, pins_from: Path | None = None, stats: dict | None = None
+) -> tuple[Path, Path]:
     """Write NAME.gguf and NAME.npz into out_dir; returns their paths. ``pins_from``: a folder
     whose NAME.npz holds the pins to apply (a re-derivation of committed goldens); ``stats``
     gets stats[name] = the number of committed pins this host would have rounded otherwise."""
@@ -294,8 +314,14 @@ def derive_embeddings(name: str, out_dir: Path, pins_from: Path | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     gguf_path, npz = out_dir / f"{name}.gguf", out_dir / f"{name}.npz"
     with tempfile.TemporaryDirectory(prefix="mlconf-golden-") as tmp:
-        ck = bitnet_models.build(case.flavor, Path(tmp) / "ckpt", seed=SEED, pooling=case.pooling,
-                                 teacher=case.teacher, **case.overrides)
+        ck = bitnet_models.build(
+            case.flavor,
+            Path(tmp) / "ckpt",
+            seed=SEED,
+            pooling=case.pooling,
+            teacher=case.teacher,
+            **case.overrides,
+        )
         vocab = bitnet_models.config(case.flavor, **case.overrides).vocab_size
         tmp_gguf = Path(tmp) / "model.gguf"
         convert(ck, tmp_gguf, case.outtype)
@@ -304,9 +330,12 @@ def derive_embeddings(name: str, out_dir: Path, pins_from: Path | None = None,
             with np.load(Path(pins_from) / f"{name}.npz") as g:
                 committed = {k: g[k] for k in ("pins_call", "pins_index", "pins_value")}
         pins = Pins(committed)
-        models = {"float": teacher_model(ck, case.outtype) if case.teacher
-                  else oracle_model(ck, case.outtype, quant=False),
-                  "ternary": None if case.teacher else oracle_model(ck, case.outtype, pins=pins)}
+        models = {
+            "float": teacher_model(ck, case.outtype)
+            if case.teacher
+            else oracle_model(ck, case.outtype, quant=False),
+            "ternary": None if case.teacher else oracle_model(ck, case.outtype, pins=pins),
+        }
         arrays: dict[str, np.ndarray] = {"reading": np.array(case.readings[""])}
         seqs = tokens_for(name, vocab)
         for i, toks in enumerate(seqs):
@@ -317,7 +346,7 @@ def derive_embeddings(name: str, out_dir: Path, pins_from: Path | None = None,
                 for p in POOLINGS:
                     arrays[f"{prefix}{p}_{i}"] = pool(h, p)
                     arrays[f"{prefix}{p}_norm_{i}"] = pool(h, p, normalize=True)
-        if not case.teacher:   # pins: the ternary oracle's int8 roundings near a boundary
+        if not case.teacher:  # pins: the ternary oracle's int8 roundings near a boundary
             arrays.update(pins.arrays())
         if stats is not None:
             stats[name] = pins.overridden
@@ -327,7 +356,7 @@ def derive_embeddings(name: str, out_dir: Path, pins_from: Path | None = None,
 
 
 # ---------------------------------------------------------------- the packing oracle
-NUMPY126_BUFFER = 8192   # NumPy 1.26 (bitnet.cpp's pin) reduces a float32 array buffer by buffer
+NUMPY126_BUFFER = 8192  # NumPy 1.26 (bitnet.cpp's pin) reduces a float32 array buffer by buffer
 
 
 def numpy126_abs_mean(flat: np.ndarray) -> np.float32:
@@ -338,7 +367,7 @@ def numpy126_abs_mean(flat: np.ndarray) -> np.float32:
     a = np.abs(flat)
     total = np.float32(0)
     for i in range(0, a.size, NUMPY126_BUFFER):
-        total = np.float32(total + np.add.reduce(a[i:i + NUMPY126_BUFFER]))
+        total = np.float32(total + np.add.reduce(a[i : i + NUMPY126_BUFFER]))
     return np.float32(np.float64(total) / a.size)
 
 
@@ -358,7 +387,7 @@ def converter_quantize_to_i2_s(w: np.ndarray) -> bytes:
     codes = [2 if v > 0.5 else 0 if v < -0.5 else 1 for v in q_float.tolist()]
     out = bytearray()
     for b in range(flat.size // 128):
-        c = codes[b * 128:(b + 1) * 128]
+        c = codes[b * 128 : (b + 1) * 128]
         for j in range(32):
             out.append((c[j] << 6) | (c[j + 32] << 4) | (c[j + 64] << 2) | c[j + 96])
     return bytes(out) + struct.pack("<f", np.float32(abs_mean)) + bytes(28)
@@ -385,8 +414,9 @@ def edge_tensors() -> dict[str, np.ndarray]:
         k = np.random.default_rng(SEED + seed).integers(-180, 181, (4, rows, cols)).sum(axis=0)
         out[name] = np.ldexp(k, -12).astype(np.float32)
     rng = np.random.default_rng(SEED + 4)
-    bits = rng.integers(0x3A000000, 0x3F800000, (8, 1024), dtype=np.uint32) | \
-        (rng.integers(0, 2, (8, 1024), dtype=np.uint32) << 31)
+    bits = rng.integers(0x3A000000, 0x3F800000, (8, 1024), dtype=np.uint32) | (
+        rng.integers(0, 2, (8, 1024), dtype=np.uint32) << 31
+    )
     out["random_bits_8x1024"] = bits.view(np.float32)
     return out
 
@@ -407,29 +437,34 @@ def derive_edge(out_dir: Path) -> Path:
 def oracle_version(name: str) -> tuple[str, str]:
     """(oracle distribution, version[+package-version...]) of a case's MANIFEST rows."""
     v = lambda p: metadata.version(p).split("+")[0]  # noqa: E731
-    if name == EDGE:   # the converter's transcription: NumPy only (its sums agree in NumPy 1 and 2)
+    if name == EDGE:  # the converter's transcription: NumPy only (its sums agree in NumPy 1 and 2)
         return "numpy", v("numpy")
-    return "transformers", (f"{v('transformers')}+torch-{v('torch')}+tokenizers-{v('tokenizers')}"
-                            f"+gguf-{v('gguf')}")
+    return "transformers", (
+        f"{v('transformers')}+torch-{v('torch')}+tokenizers-{v('tokenizers')}+gguf-{v('gguf')}"
+    )
 
 
-def generate(names: list[str], out_dir: Path = OUT, pins_from: Path | None = None,
-             stats: dict | None = None) -> list[Path]:
+def generate(
+    names: list[str], out_dir: Path = OUT, pins_from: Path | None = None, stats: dict | None = None
+) -> list[Path]:
     """Derive the named goldens into out_dir (see derive_embeddings for pins_from and stats)."""
+
     def derive(name: str, out: Path) -> list[Path]:
         return [derive_edge(out)] if name == EDGE else list(derive_embeddings(name, out, pins_from, stats))
 
     written = []
     for name in names:
         oracle, version = oracle_version(name)
-        written += golden.generate_cases([name], Path(out_dir), OUT, derive, oracle, version,
-                                         "tools/golden_bitnet.py")
+        written += golden.generate_cases(
+            [name], Path(out_dir), OUT, derive, oracle, version, "tools/golden_bitnet.py"
+        )
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
-    return golden.cases_main(argv, __doc__, dict.fromkeys(NAMES), OUT, generate, "golden_bitnet.py",
-                             "pip install 'mlconf[oracle]'")
+    return golden.cases_main(
+        argv, __doc__, dict.fromkeys(NAMES), OUT, generate, "golden_bitnet.py", "pip install 'mlconf[oracle]'"
+    )
 
 
 if __name__ == "__main__":

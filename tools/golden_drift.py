@@ -38,13 +38,27 @@ _NPY_AVX512 = "AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX AVX512_CLX AVX5
 PROFILES: dict[str, dict[str, str]] = {
     "this-host-2t": {"OMP_NUM_THREADS": "2"},
     "this-host-1t": {"OMP_NUM_THREADS": "1"},
-    "avx2-2t": {"OMP_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                "ONEDNN_MAX_CPU_ISA": "AVX2", "NPY_DISABLE_CPU_FEATURES": _NPY_AVX512},
-    "avx2-1t": {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                "ONEDNN_MAX_CPU_ISA": "AVX2", "NPY_DISABLE_CPU_FEATURES": _NPY_AVX512},
-    "baseline-1t": {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "default",
-                    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41",
-                    "NPY_DISABLE_CPU_FEATURES": _NPY_AVX512 + " AVX2 FMA3 F16C AVX"},
+    "avx2-2t": {
+        "OMP_NUM_THREADS": "2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "NPY_DISABLE_CPU_FEATURES": _NPY_AVX512,
+    },
+    "avx2-1t": {
+        "OMP_NUM_THREADS": "1",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "NPY_DISABLE_CPU_FEATURES": _NPY_AVX512,
+    },
+    "baseline-1t": {
+        "OMP_NUM_THREADS": "1",
+        "ATEN_CPU_CAPABILITY": "default",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "NPY_DISABLE_CPU_FEATURES": _NPY_AVX512 + " AVX2 FMA3 F16C AVX",
+    },
 }
 # The output arrays of each golden family (every other array and file is an input: exact).
 FAMILIES = {"logits": "logits", "bitnet": "embeddings"}
@@ -62,7 +76,7 @@ def _derive(out: Path) -> None:
 
 
 def kind_of(family: str, key: str) -> str:
-    """"output" (an oracle output), "pins" (roundings the oracle recorded, golden_bitnet.Pins) or
+    """ "output" (an oracle output), "pins" (roundings the oracle recorded, golden_bitnet.Pins) or
     "input" (exact on every host) for array ``key`` of a golden .npz of ``family``."""
     if family == "logits":
         return "output" if key == "logits" else "input"
@@ -121,10 +135,18 @@ def run_profile(name: str) -> dict:
     """Re-derive in a subprocess with profile ``name``'s environment; compare() of the result."""
     env = {**os.environ, **PROFILES[name]}
     with tempfile.TemporaryDirectory(prefix="mlconf-drift-") as tmp:
-        code = "import sys; from pathlib import Path; from mlconf.tools import golden_drift; " \
-               "golden_drift._derive(Path(sys.argv[1]))"
-        r = subprocess.run([sys.executable, "-c", code, tmp], env=env, capture_output=True, text=True,
-                           encoding="utf-8", errors="replace")
+        code = (
+            "import sys; from pathlib import Path; from mlconf.tools import golden_drift; "
+            "golden_drift._derive(Path(sys.argv[1]))"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code, tmp],
+            env=env,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+        )
         if r.returncode:
             raise RuntimeError(f"profile {name}: the re-derivation failed:\n{r.stderr[-2000:]}")
         result = compare(Path(tmp))
@@ -134,16 +156,19 @@ def run_profile(name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", action="append", choices=sorted(PROFILES),
-                    help="profiles to run (default: all)")
+    ap.add_argument(
+        "--profile", action="append", choices=sorted(PROFILES), help="profiles to run (default: all)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as e:
-        print(f"golden_drift.py: the oracle is not installed ({e}); pip install 'mlconf[oracle]'",
-              file=sys.stderr)
+        print(
+            f"golden_drift.py: the oracle is not installed ({e}); pip install 'mlconf[oracle]'",
+            file=sys.stderr,
+        )
         return 2
     results = {}
     for name in args.profile or list(PROFILES):
@@ -164,11 +189,37 @@ def main(argv: list[str] | None = None) -> int:
             pins = sum(r["pins_overridden"].values()) if kind == "embeddings" else ""
             ok, over = within(r, kind)
             bad |= not ok or bool(r["inputs_differ"])
-            rows.append([name, kind, f"{w['nmse']:.3g}", f"{w['max_abs']:.3g}", w["max_ulp"], w["differ"],
-                         w["where"], pins, "yes" if ok else over, ", ".join(r["inputs_differ"]) or "none"])
-    print(tabulate(rows, headers=["profile", "output", "nmse", "max_abs", "max_ulp", "values differ",
-                                  "worst max_abs at", "pins overridden", "within the bound",
-                                  "inputs that differ"]))
+            rows.append(
+                [
+                    name,
+                    kind,
+                    f"{w['nmse']:.3g}",
+                    f"{w['max_abs']:.3g}",
+                    w["max_ulp"],
+                    w["differ"],
+                    w["where"],
+                    pins,
+                    "yes" if ok else over,
+                    ", ".join(r["inputs_differ"]) or "none",
+                ]
+            )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "profile",
+                "output",
+                "nmse",
+                "max_abs",
+                "max_ulp",
+                "values differ",
+                "worst max_abs at",
+                "pins overridden",
+                "within the bound",
+                "inputs that differ",
+            ],
+        )
+    )
     return 1 if bad else 0
 
 

@@ -24,7 +24,7 @@ from mlconf.golden import GOLDEN_DIR
 from mlconf.tools import convert, golden, hf_models, mlb
 
 SEED = 0
-N_TOKENS = 20          # longer than every sliding window of the cases (8)
+N_TOKENS = 20  # longer than every sliding window of the cases (8)
 SMALL = dict(intermediate_size=64, vocab_size=128)  # keeps each .mlb well under 150 KB
 
 # name -> (hf_models model, convert options). Every architecture of the converter and every
@@ -64,8 +64,9 @@ def _imatrix(hf_dir: Path, work: Path) -> mlb.Imatrix:
     convert.convert(hf_dir, q8)
     h = mlb.read(q8).header
     q_dim = h["n_heads"] * h["head_dim"] if h["head_dim"] else h["dim"]
-    im = mlb.Imatrix(h["n_layers"], h["dim"], h["hidden_dim"], 0 if q_dim == h["dim"] else q_dim,
-                     64, 64, np.empty(0))
+    im = mlb.Imatrix(
+        h["n_layers"], h["dim"], h["hidden_dim"], 0 if q_dim == h["dim"] else q_dim, 64, 64, np.empty(0)
+    )
     k = np.random.default_rng(SEED + 2).integers(1, 64, im.expected_len())
     im.sums = (k * k).astype(np.float64) * 2.0**-6
     return im
@@ -87,8 +88,9 @@ def derive(name: str, out_dir: Path) -> tuple[Path, Path]:
         mlb_path = out_dir / f"{name}.mlb"
         convert.convert(hf_dir, mlb_path, **opts)
         state = convert.unconvert(hf_dir, mlb.read(mlb_path))
-        missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()},
-                                                    strict=False)
+        missing, unexpected = model.load_state_dict(
+            {k: torch.from_numpy(v) for k, v in state.items()}, strict=False
+        )
         if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
             raise RuntimeError(f"{name}: state dict mismatch: missing {missing}, unexpected {unexpected}")
         tokens = tokens_for(model.config.vocab_size)
@@ -100,13 +102,15 @@ def derive(name: str, out_dir: Path) -> tuple[Path, Path]:
 
 
 def generate(names: list[str], out_dir: Path = OUT) -> list[Path]:
-    return golden.generate_cases(names, out_dir, OUT, derive, "transformers", oracle_version(),
-                                 "tools/golden_logits.py")
+    return golden.generate_cases(
+        names, out_dir, OUT, derive, "transformers", oracle_version(), "tools/golden_logits.py"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    return golden.cases_main(argv, __doc__, CASES, OUT, generate, "golden_logits.py",
-                             "pip install 'mlconf[oracle]'")
+    return golden.cases_main(
+        argv, __doc__, CASES, OUT, generate, "golden_logits.py", "pip install 'mlconf[oracle]'"
+    )
 
 
 if __name__ == "__main__":

@@ -58,44 +58,101 @@ REGEX = specs.load("mlt")["regexes"]
 @dataclass(frozen=True)
 class Case:
     """One golden tokenizer: the family it imitates and the flags its .mlt must get."""
-    family: str                        # "sp" (SentencePiece-style) or "bl" (byte-level)
-    vocab_size: int                    # the trainer's vocab_size (SP cases get 256 byte pieces on top)
-    flags: int                         # the .mlt flags convert_tokenizer.py must give (tests check)
-    prefix: str = ""                   # sp: "prepend" (Prepend/Replace normalizer) or "first" (Metaspace)
-    split: str = ""                    # bl: "byte_level" (ByteLevel use_regex) or a key of REGEX
+
+    family: str  # "sp" (SentencePiece-style) or "bl" (byte-level)
+    vocab_size: int  # the trainer's vocab_size (SP cases get 256 byte pieces on top)
+    flags: int  # the .mlt flags convert_tokenizer.py must give (tests check)
+    prefix: str = ""  # sp: "prepend" (Prepend/Replace normalizer) or "first" (Metaspace)
+    split: str = ""  # bl: "byte_level" (ByteLevel use_regex) or a key of REGEX
     nfc: bool = False
-    digits: bool = False               # bl: Digits(individual_digits=True) first
+    digits: bool = False  # bl: Digits(individual_digits=True) first
     ignore_merges: bool = False
-    first: tuple[str, ...] = ()        # special tokens at the first ids (trainer special_tokens)
-    last: tuple[str, ...] = ()         # special tokens appended after the vocab
-    normalized: tuple[str, ...] = ()   # non-special added tokens (normalized=true, HF's default)
-    bos: str | None = None             # post-processor TemplateProcessing "BOS $A"
-    keep_merges: float = 1.0           # keep this leading fraction of the trained merges (see below)
-    train_split: str = ""              # bl: train with Split(REGEX[this]) + ByteLevel, no Digits (see below)
+    first: tuple[str, ...] = ()  # special tokens at the first ids (trainer special_tokens)
+    last: tuple[str, ...] = ()  # special tokens appended after the vocab
+    normalized: tuple[str, ...] = ()  # non-special added tokens (normalized=true, HF's default)
+    bos: str | None = None  # post-processor TemplateProcessing "BOS $A"
+    keep_merges: float = 1.0  # keep this leading fraction of the trained merges (see below)
+    train_split: str = ""  # bl: train with Split(REGEX[this]) + ByteLevel, no Digits (see below)
     notes: str = ""
 
 
 CASES: dict[str, Case] = {
-    "llama2": Case("sp", 600, 1, prefix="prepend", first=("<unk>", "<s>", "</s>"), bos="<s>",
-                   notes="Llama 2: Prepend/Replace normalizer, byte fallback, <s> via TemplateProcessing"),
-    "mistral": Case("sp", 450, 1 | 4, prefix="first", first=("<unk>", "<s>", "</s>"),
-                    last=("[INST]", "[/INST]"), bos="<s>",
-                    notes="Mistral (legacy=false): Metaspace prepend_scheme first, split false"),
-    "llama3": Case("bl", 700, 1 | 2, split="llama3", ignore_merges=True, keep_merges=0.6,
-                   last=("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                         "<|eot_id|>"), bos="<|begin_of_text|>",
-                   notes="Llama 3: Split(llama3 regex) + ByteLevel, ignore_merges, BOS via post-processor"),
-    "qwen2": Case("bl", 650, 8 | 16, split="llama3_single_digits", nfc=True, train_split="llama3",
-                  last=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-                  notes="Qwen2: NFC, the Llama 3 regex with single digits, ChatML tokens"),
-    "gpt2": Case("bl", 550, 32, split="byte_level", last=("<|endoftext|>",), normalized=("<|user|>",),
-                 notes="GPT-2: ByteLevel(use_regex), a normalized non-special added token"),
-    "smollm": Case("bl", 600, 64 | 32, split="byte_level", digits=True, train_split="llama3",
-                   first=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_start|>assistant"),
-                   notes="SmolLM: Digits(individual) + ByteLevel(use_regex), specials at the first ids, "
-                         "one added token a prefix of another (longest match)"),
-    "ignore_merges": Case("bl", 500, 2 | 32, split="byte_level", ignore_merges=True, keep_merges=0.6,
-                          last=("<|endoftext|>",), notes="GPT-2 regex with ignore_merges"),
+    "llama2": Case(
+        "sp",
+        600,
+        1,
+        prefix="prepend",
+        first=("<unk>", "<s>", "</s>"),
+        bos="<s>",
+        notes="Llama 2: Prepend/Replace normalizer, byte fallback, <s> via TemplateProcessing",
+    ),
+    "mistral": Case(
+        "sp",
+        450,
+        1 | 4,
+        prefix="first",
+        first=("<unk>", "<s>", "</s>"),
+        last=("[INST]", "[/INST]"),
+        bos="<s>",
+        notes="Mistral (legacy=false): Metaspace prepend_scheme first, split false",
+    ),
+    "llama3": Case(
+        "bl",
+        700,
+        1 | 2,
+        split="llama3",
+        ignore_merges=True,
+        keep_merges=0.6,
+        last=(
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+        ),
+        bos="<|begin_of_text|>",
+        notes="Llama 3: Split(llama3 regex) + ByteLevel, ignore_merges, BOS via post-processor",
+    ),
+    "qwen2": Case(
+        "bl",
+        650,
+        8 | 16,
+        split="llama3_single_digits",
+        nfc=True,
+        train_split="llama3",
+        last=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        notes="Qwen2: NFC, the Llama 3 regex with single digits, ChatML tokens",
+    ),
+    "gpt2": Case(
+        "bl",
+        550,
+        32,
+        split="byte_level",
+        last=("<|endoftext|>",),
+        normalized=("<|user|>",),
+        notes="GPT-2: ByteLevel(use_regex), a normalized non-special added token",
+    ),
+    "smollm": Case(
+        "bl",
+        600,
+        64 | 32,
+        split="byte_level",
+        digits=True,
+        train_split="llama3",
+        first=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_start|>assistant"),
+        notes="SmolLM: Digits(individual) + ByteLevel(use_regex), specials at the first ids, "
+        "one added token a prefix of another (longest match)",
+    ),
+    "ignore_merges": Case(
+        "bl",
+        500,
+        2 | 32,
+        split="byte_level",
+        ignore_merges=True,
+        keep_merges=0.6,
+        last=("<|endoftext|>",),
+        notes="GPT-2 regex with ignore_merges",
+    ),
 }
 
 
@@ -110,12 +167,69 @@ _WORDS = (
     "while last might us great old year off come since against go came right used take three hello quick "
     "brown fox jumps lazy dog words tokenizer model merge piece text number token language learning"
 ).split()
-_SPECIAL = ("café", "naïve", "résumé", "über", "straße", "Ångström", "jalapeño", "中文", "日本語", "测试",
-            "Привет", "мир", "λόγος", "København")
-_CONTRACTIONS = ("don't", "it's", "we're", "I'm", "you'll", "they've", "she'd", "can't", "DON'T", "IT'S",
-                 "I'M")
-_PUNCT = (",", ".", "!", "?", ":", ";", "...", "!!", "?!", "-", "--", "(", ")", '"', "'", "/", "%", "$", "#",
-          "@", "&", "*", "+", "=", "[", "]", "{", "}", "<", ">", "|", "_")
+_SPECIAL = (
+    "café",
+    "naïve",
+    "résumé",
+    "über",
+    "straße",
+    "Ångström",
+    "jalapeño",
+    "中文",
+    "日本語",
+    "测试",
+    "Привет",
+    "мир",
+    "λόγος",
+    "København",
+)
+_CONTRACTIONS = (
+    "don't",
+    "it's",
+    "we're",
+    "I'm",
+    "you'll",
+    "they've",
+    "she'd",
+    "can't",
+    "DON'T",
+    "IT'S",
+    "I'M",
+)
+_PUNCT = (
+    ",",
+    ".",
+    "!",
+    "?",
+    ":",
+    ";",
+    "...",
+    "!!",
+    "?!",
+    "-",
+    "--",
+    "(",
+    ")",
+    '"',
+    "'",
+    "/",
+    "%",
+    "$",
+    "#",
+    "@",
+    "&",
+    "*",
+    "+",
+    "=",
+    "[",
+    "]",
+    "{",
+    "}",
+    "<",
+    ">",
+    "|",
+    "_",
+)
 
 
 def corpus(seed: int = SEED, n_lines: int = N_LINES) -> list[str]:
@@ -162,9 +276,13 @@ def _post(tok, case: Case) -> None:
 
     steps = [processors.ByteLevel(trim_offsets=False)] if case.family == "bl" else []
     if case.bos:
-        steps.append(processors.TemplateProcessing(
-            single=f"{case.bos} $A", pair=f"{case.bos} $A {case.bos} $B",
-            special_tokens=[(case.bos, tok.token_to_id(case.bos))]))
+        steps.append(
+            processors.TemplateProcessing(
+                single=f"{case.bos} $A",
+                pair=f"{case.bos} $A {case.bos} $B",
+                special_tokens=[(case.bos, tok.token_to_id(case.bos))],
+            )
+        )
     if steps:
         tok.post_processor = steps[0] if len(steps) == 1 else processors.Sequence(steps)
 
@@ -195,14 +313,16 @@ def train(name: str) -> str:
     case = CASES[name]
     lines = corpus()
     if case.family == "sp":
-        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True,
-                                   ignore_merges=case.ignore_merges))
+        tok = Tokenizer(
+            models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True, ignore_merges=case.ignore_merges)
+        )
         # Training words: Metaspace pieces per word (as SentencePiece learns them); inference has
         # no split, so it is replaced below.
         tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPIECE), normalizers.Replace(" ", SPIECE)])
         tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never", split=True)
-        trainer = trainers.BpeTrainer(vocab_size=case.vocab_size, special_tokens=list(case.first),
-                                      show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=case.vocab_size, special_tokens=list(case.first), show_progress=False
+        )
         tok.train_from_iterator(lines, trainer=trainer)
         tok = Tokenizer.from_str(with_byte_pieces(tok.to_str(), len(case.first)))
         if case.prefix == "prepend":
@@ -211,13 +331,16 @@ def train(name: str) -> str:
             tok.normalizer = None
             tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=case.prefix, split=False)
     else:
+
         def byte_level(split: str, digits: bool):
             steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
             if split == "byte_level":
                 steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
             else:
-                steps += [pre_tokenizers.Split(Regex(REGEX[split]), behavior="isolated", invert=False),
-                          pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+                steps += [
+                    pre_tokenizers.Split(Regex(REGEX[split]), behavior="isolated", invert=False),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
             return steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
 
         tok = Tokenizer(models.BPE(ignore_merges=case.ignore_merges))
@@ -227,9 +350,12 @@ def train(name: str) -> str:
             tok.pre_tokenizer = byte_level(case.train_split, digits=False)
         else:
             tok.pre_tokenizer = byte_level(case.split, case.digits)
-        trainer = trainers.BpeTrainer(vocab_size=case.vocab_size, special_tokens=list(case.first),
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=case.vocab_size,
+            special_tokens=list(case.first),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
         tok.train_from_iterator(lines, trainer=trainer)
         tok.pre_tokenizer = byte_level(case.split, case.digits)
         tok.decoder = decoders.ByteLevel()
@@ -267,14 +393,20 @@ def hf_ids(tokenizer_json: str) -> dict[str, list[int]]:
 
 def ids_json(name: str, ids: dict[str, list[int]]) -> str:
     """NAME.ids.json: one text per line, {"sha256": first 16 hex of its UTF-8, "ids": [...]}."""
-    head = {"tokenizer": f"{name}.json", "oracle": f"{ORACLE} {metadata.version(ORACLE)}",
-            "encode": "Tokenizer.from_file(tokenizer).encode(text, add_special_tokens=True).ids",
-            "texts": "specs/tokenizer_texts.yaml"}
+    head = {
+        "tokenizer": f"{name}.json",
+        "oracle": f"{ORACLE} {metadata.version(ORACLE)}",
+        "encode": "Tokenizer.from_file(tokenizer).encode(text, add_special_tokens=True).ids",
+        "texts": "specs/tokenizer_texts.yaml",
+    }
     t = texts()
-    rows = [f"  {json.dumps(k)}: {json.dumps({'sha256': text_digest(t[k]), 'ids': v})}"
-            for k, v in ids.items()]
-    body = ",\n".join([f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
-                      + ['  "ids": {\n' + ",\n".join("  " + r for r in rows) + "\n  }"])
+    rows = [
+        f"  {json.dumps(k)}: {json.dumps({'sha256': text_digest(t[k]), 'ids': v})}" for k, v in ids.items()
+    ]
+    body = ",\n".join(
+        [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
+        + ['  "ids": {\n' + ",\n".join("  " + r for r in rows) + "\n  }"]
+    )
     return "{\n" + body + "\n}\n"
 
 
@@ -289,13 +421,15 @@ def derive(name: str, out_dir: Path) -> list[Path]:
 
 
 def generate(names: list[str], out_dir: Path = OUT) -> list[Path]:
-    return golden.generate_cases(names, out_dir, OUT, derive, ORACLE, metadata.version(ORACLE),
-                                 "tools/golden_tokenizers.py")
+    return golden.generate_cases(
+        names, out_dir, OUT, derive, ORACLE, metadata.version(ORACLE), "tools/golden_tokenizers.py"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    return golden.cases_main(argv, __doc__, CASES, OUT, generate, "golden_tokenizers.py",
-                             "pip install tokenizers")
+    return golden.cases_main(
+        argv, __doc__, CASES, OUT, generate, "golden_tokenizers.py", "pip install tokenizers"
+    )
 
 
 if __name__ == "__main__":

@@ -29,10 +29,20 @@ from typing import Any
 
 # Small shapes shared by most models: dim 64, 4 heads of 16, 2 KV heads, FFN 128, vocab 256.
 _BASE: dict[str, Any] = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, rms_norm_eps=1e-5,
-    tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
 )
+
 
 def _text(name: str) -> dict[str, Any]:
     kw = copy.deepcopy(MODELS[name])
@@ -44,57 +54,143 @@ def _text(name: str) -> dict[str, Any]:
 # variant of a configuration feature the converter maps (RoPE scaling, sliding window, tying).
 MODELS: dict[str, dict[str, Any]] = {
     "llama": dict(model_type="llama", **_BASE, rope_theta=10000.0),
-    "llama_llama3": dict(model_type="llama", **_BASE, rope_theta=500000.0, rope_scaling=dict(
-        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=32)),
-    "llama_linear": dict(model_type="llama", **_BASE, rope_theta=10000.0,
-                         rope_scaling=dict(rope_type="linear", factor=2.0)),
-    "llama_yarn": dict(model_type="llama", **_BASE, rope_theta=10000.0, rope_scaling=dict(
-        rope_type="yarn", factor=4.0, original_max_position_embeddings=32, beta_fast=32.0,
-        beta_slow=1.0)),
-    "llama_yarn_mscale": dict(model_type="llama", **_BASE, rope_theta=10000.0, rope_scaling=dict(
-        rope_type="yarn", factor=4.0, original_max_position_embeddings=32, mscale=1.0,
-        mscale_all_dim=0.5, beta_fast=16.0, beta_slow=2.0)),
-    "llama_yarn_factor": dict(model_type="llama", **_BASE, rope_theta=10000.0, rope_scaling=dict(
-        rope_type="yarn", factor=4.0, original_max_position_embeddings=32, attention_factor=1.25)),
-    "mistral": dict(model_type="mistral", **{**_BASE, "num_hidden_layers": 3}, rope_theta=10000.0,
-                    sliding_window=8, head_dim=32),
+    "llama_llama3": dict(
+        model_type="llama",
+        **_BASE,
+        rope_theta=500000.0,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=32,
+        ),
+    ),
+    "llama_linear": dict(
+        model_type="llama", **_BASE, rope_theta=10000.0, rope_scaling=dict(rope_type="linear", factor=2.0)
+    ),
+    "llama_yarn": dict(
+        model_type="llama",
+        **_BASE,
+        rope_theta=10000.0,
+        rope_scaling=dict(
+            rope_type="yarn", factor=4.0, original_max_position_embeddings=32, beta_fast=32.0, beta_slow=1.0
+        ),
+    ),
+    "llama_yarn_mscale": dict(
+        model_type="llama",
+        **_BASE,
+        rope_theta=10000.0,
+        rope_scaling=dict(
+            rope_type="yarn",
+            factor=4.0,
+            original_max_position_embeddings=32,
+            mscale=1.0,
+            mscale_all_dim=0.5,
+            beta_fast=16.0,
+            beta_slow=2.0,
+        ),
+    ),
+    "llama_yarn_factor": dict(
+        model_type="llama",
+        **_BASE,
+        rope_theta=10000.0,
+        rope_scaling=dict(
+            rope_type="yarn", factor=4.0, original_max_position_embeddings=32, attention_factor=1.25
+        ),
+    ),
+    "mistral": dict(
+        model_type="mistral",
+        **{**_BASE, "num_hidden_layers": 3},
+        rope_theta=10000.0,
+        sliding_window=8,
+        head_dim=32,
+    ),
     "mistral_wide_window": dict(model_type="mistral", **_BASE, rope_theta=10000.0, sliding_window=4096),
     "qwen2": dict(model_type="qwen2", **{**_BASE, "tie_word_embeddings": True}, rope_theta=1e6),
     "qwen3": dict(model_type="qwen3", **_BASE, rope_theta=1e6, head_dim=32),
-    "gemma2": dict(model_type="gemma2", **{**_BASE, "num_hidden_layers": 4, "tie_word_embeddings": True},
-                   head_dim=16, query_pre_attn_scalar=24, sliding_window=8, rope_theta=10000.0,
-                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                   hidden_activation="gelu_pytorch_tanh"),
-    "gemma3_text": dict(model_type="gemma3_text", **{**_BASE, "num_hidden_layers": 4,
-                                                     "tie_word_embeddings": True},
-                        head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
-                        layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                                     "sliding_attention"],
-                        rope_parameters={
-                            "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
-                            "sliding_attention": dict(rope_type="default", rope_theta=10000.0)},
-                        hidden_activation="gelu_pytorch_tanh"),
-    "smollm3": dict(model_type="smollm3", **{**_BASE, "num_hidden_layers": 4, "tie_word_embeddings": True},
-                    rope_theta=2e6, no_rope_layer_interval=4, use_sliding_window=True, sliding_window=8),
-    "qwen3_5_text": dict(model_type="qwen3_5_text", **{**_BASE, "num_hidden_layers": 4}, head_dim=32,
-                         rope_parameters=dict(rope_type="default", rope_theta=1e6,
-                                              partial_rotary_factor=0.25),
-                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                         linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4),
+    "gemma2": dict(
+        model_type="gemma2",
+        **{**_BASE, "num_hidden_layers": 4, "tie_word_embeddings": True},
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=8,
+        rope_theta=10000.0,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh",
+    ),
+    "gemma3_text": dict(
+        model_type="gemma3_text",
+        **{**_BASE, "num_hidden_layers": 4, "tie_word_embeddings": True},
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+            "sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+        },
+        hidden_activation="gelu_pytorch_tanh",
+    ),
+    "smollm3": dict(
+        model_type="smollm3",
+        **{**_BASE, "num_hidden_layers": 4, "tie_word_embeddings": True},
+        rope_theta=2e6,
+        no_rope_layer_interval=4,
+        use_sliding_window=True,
+        sliding_window=8,
+    ),
+    "qwen3_5_text": dict(
+        model_type="qwen3_5_text",
+        **{**_BASE, "num_hidden_layers": 4},
+        head_dim=32,
+        rope_parameters=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=0.25),
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=4,
+    ),
 }
 # Multimodal wrappers (what the Gemma 3 >= 4B and Qwen3.5 checkpoints are): the text model above
 # under model.language_model, with a minimal vision tower the converter must skip.
-MODELS["gemma3"] = dict(model_type="gemma3", text_config=_text("gemma3_text"), mm_tokens_per_image=4,
-                        image_token_index=255, boi_token_index=253, eoi_token_index=254,
-                        vision_config=dict(model_type="siglip_vision_model", num_hidden_layers=1,
-                                           hidden_size=32, num_attention_heads=2, intermediate_size=64,
-                                           image_size=16, patch_size=4))
-MODELS["qwen3_5"] = dict(model_type="qwen3_5", text_config=_text("qwen3_5_text"), tie_word_embeddings=False,
-                         image_token_id=255, video_token_id=254, vision_start_token_id=253,
-                         vision_end_token_id=252,
-                         vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
-                                            out_hidden_size=64, patch_size=4, num_position_embeddings=16))
+MODELS["gemma3"] = dict(
+    model_type="gemma3",
+    text_config=_text("gemma3_text"),
+    mm_tokens_per_image=4,
+    image_token_index=255,
+    boi_token_index=253,
+    eoi_token_index=254,
+    vision_config=dict(
+        model_type="siglip_vision_model",
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+    ),
+)
+MODELS["qwen3_5"] = dict(
+    model_type="qwen3_5",
+    text_config=_text("qwen3_5_text"),
+    tie_word_embeddings=False,
+    image_token_id=255,
+    video_token_id=254,
+    vision_start_token_id=253,
+    vision_end_token_id=252,
+    vision_config=dict(
+        depth=1,
+        hidden_size=32,
+        num_heads=2,
+        intermediate_size=64,
+        out_hidden_size=64,
+        patch_size=4,
+        num_position_embeddings=16,
+    ),
+)
 
 
 def names() -> list[str]:
@@ -143,7 +239,7 @@ def exact_values(name: str, init, rng):
         return (rng.integers(lo, hi + 1, shape) * step).astype(np.float32)
     flat = init.detach().reshape(-1)
     fill = float(flat[0]) if len(flat) and bool((flat == flat[0]).all()) else 0.0
-    if fill not in (0.0, 1.0):   # a drawn init we do not know: its neutral value is 0
+    if fill not in (0.0, 1.0):  # a drawn init we do not know: its neutral value is 0
         fill = 0.0
     return (fill + grid(rng, shape, *NOISE_GRID)).astype(np.float32)
 
@@ -205,8 +301,15 @@ def save(model, folder: str | Path, dtype: str | None = None, max_shard_size: st
     return folder
 
 
-def build(name: str, folder: str | Path, seed: int = 0, *, dtype: str | None = None,
-          max_shard_size: str | None = None, **overrides: Any) -> Path:
+def build(
+    name: str,
+    folder: str | Path,
+    seed: int = 0,
+    *,
+    dtype: str | None = None,
+    max_shard_size: str | None = None,
+    **overrides: Any,
+) -> Path:
     """Make model ``name`` with ``seed`` and save it into ``folder``; returns the folder."""
     return save(make(name, seed, **overrides), folder, dtype=dtype, max_shard_size=max_shard_size)
 

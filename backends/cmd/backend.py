@@ -41,7 +41,7 @@ def split_name(name: str) -> list[str]:
     except ValueError as e:
         raise BackendError(f"{name!r}: cannot split the command line: {e}") from None
     if not argv:
-        raise BackendError(f"{name!r}: give the program, e.g. \"cmd:./myruntime --mlconf\"")
+        raise BackendError(f'{name!r}: give the program, e.g. "cmd:./myruntime --mlconf"')
     prog = argv[0]
     if os.sep in prog or (os.altsep and os.altsep in prog):
         p = Path(prog).expanduser()
@@ -73,20 +73,33 @@ class CmdBackend:
         caps = info.get("capabilities")
         if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
             self._program.stop_hard()
-            raise BackendError(f"{where}: \"capabilities\" must be a list of strings, got "
-                               f"{short(json.dumps(caps))}")
+            raise BackendError(
+                f'{where}: "capabilities" must be a list of strings, got {short(json.dumps(caps))}'
+            )
         self.unknown_capabilities = sorted(set(caps) - set(CAPABILITIES))
         self.capabilities: frozenset[str] = frozenset(c for c in caps if c in CAPABILITIES)
         self.program_name = str(info.get("name", ""))
         self.version = str(info.get("version", ""))
         declared = ", ".join(sorted(self.capabilities)) or "none"
-        extra = (f"; unknown names ignored: {', '.join(self.unknown_capabilities)}"
-                 if self.unknown_capabilities else "")
-        self.unsupported = {c: f"{shlex.join(self.argv)} does not declare {c} in its hello reply "
-                               f"(declared: {declared}{extra})"
-                            for c in CAPABILITIES if c not in self.capabilities}
-        self.description = ", ".join(s for s in (self.program_name, self.version,
-                                                  f"protocol {PROTOCOL}", shlex.join(self.argv)) if s) + extra
+        extra = (
+            f"; unknown names ignored: {', '.join(self.unknown_capabilities)}"
+            if self.unknown_capabilities
+            else ""
+        )
+        self.unsupported = {
+            c: f"{shlex.join(self.argv)} does not declare {c} in its hello reply "
+            f"(declared: {declared}{extra})"
+            for c in CAPABILITIES
+            if c not in self.capabilities
+        }
+        self.description = (
+            ", ".join(
+                s
+                for s in (self.program_name, self.version, f"protocol {PROTOCOL}", shlex.join(self.argv))
+                if s
+            )
+            + extra
+        )
 
     # -- plumbing
     @property
@@ -120,7 +133,7 @@ class CmdBackend:
         with self._lock:
             epoch = self._program.epoch
             reply = self._program.call(desc, op, args)
-            if self._program.epoch != epoch:      # restarted: its hello may declare other things
+            if self._program.epoch != epoch:  # restarted: its hello may declare other things
                 self._set_info(self._program.info)
         if reply["ok"]:
             return reply
@@ -136,8 +149,7 @@ class CmdBackend:
             raise Unsupported(text)
         if kind == "internal":
             raise BackendError(f"{text} (internal error of the program)")
-        raise BackendError(f"{self.name}: malformed error reply during {desc}: "
-                           f"{short(json.dumps(reply))!r}")
+        raise BackendError(f"{self.name}: malformed error reply during {desc}: {short(json.dumps(reply))!r}")
 
     # -- the Backend protocol
     def load(self, path: str) -> LoadResult:
@@ -146,14 +158,18 @@ class CmdBackend:
 
     def load_tokenizer(self, path: str, model_vocab: int | None = None) -> LoadResult:
         self._need("load_tokenizer")
-        r = self.request(f"load_tokenizer({str(path)!r}, model_vocab={model_vocab})", "load_tokenizer",
-                         path=str(path), model_vocab=None if model_vocab is None else int(model_vocab))
+        r = self.request(
+            f"load_tokenizer({str(path)!r}, model_vocab={model_vocab})",
+            "load_tokenizer",
+            path=str(path),
+            model_vocab=None if model_vocab is None else int(model_vocab),
+        )
         return self._status(r, "load_tokenizer")
 
     def _status(self, r: dict, where: str) -> LoadResult:
         st = reply_field(r, "status", str, f"{self.name}: {where}")
         reason = r.get("reason") or ""
-        return LoadResult(st, str(reason))   # a status outside STATUSES: the runner reports it
+        return LoadResult(st, str(reason))  # a status outside STATUSES: the runner reports it
 
     def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
         self._need("quantize_q8_0")
@@ -162,8 +178,9 @@ class CmdBackend:
         r = self.request(desc, "quantize_q8_0", x=pack(x, "<f4"), shape=list(x.shape), f16=bool(f16))
         return self._quant_reply(r, x, f16, "i1", x.shape, desc)
 
-    def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
-                      importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def quantize_q4_0(
+        self, x: np.ndarray, rule: str, f16: bool, importance: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         self._need("quantize_q4_0")
         x = _quant_input(x)
         imp = None
@@ -173,8 +190,15 @@ class CmdBackend:
                 raise ValueError(f"importance has {imp.size} values, the rows have {x.shape[-1]}")
             imp = pack(imp, "<f4")
         desc = f"quantize_q4_0(float32{list(x.shape)}, rule={rule}, f16={bool(f16)})"
-        r = self.request(desc, "quantize_q4_0", x=pack(x, "<f4"), shape=list(x.shape), f16=bool(f16),
-                         rule=str(rule), importance=imp)
+        r = self.request(
+            desc,
+            "quantize_q4_0",
+            x=pack(x, "<f4"),
+            shape=list(x.shape),
+            f16=bool(f16),
+            rule=str(rule),
+            importance=imp,
+        )
         return self._quant_reply(r, x, f16, "u1", (*x.shape[:-1], x.shape[-1] // 2), desc)
 
     def _quant_reply(self, r: dict, x: np.ndarray, f16: bool, qdt: str, qshape, desc: str):
@@ -189,8 +213,13 @@ class CmdBackend:
         desc = f"open_model({str(path)!r}, ctx={ctx})"
         r = self.request(desc, "open_model", path=str(path), ctx=None if ctx is None else int(ctx))
         where = f"{self.name}: {desc}"
-        return ModelSession(self, _handle(r, where), reply_field(r, "vocab", int, where),
-                            reply_field(r, "ctx", int, where), str(path))
+        return ModelSession(
+            self,
+            _handle(r, where),
+            reply_field(r, "vocab", int, where),
+            reply_field(r, "ctx", int, where),
+            str(path),
+        )
 
     def open_tokenizer(self, path: str) -> TokenizerSession:
         self._need("encode")
@@ -230,8 +259,14 @@ class CmdBackend:
             raise ValueError(f"activations must be float32, got {x.dtype}")
         x2 = as_rows(x, "activations")
         desc = f"i2s_matmul(payload[{len(payload)}], {(rows, cols)}, float32{list(x.shape)})"
-        r = self.request(desc, "i2s_matmul", payload=pack(bytes(payload), "u1"), shape=[rows, cols],
-                         x=pack(x2, "<f4"), x_shape=list(x2.shape))
+        r = self.request(
+            desc,
+            "i2s_matmul",
+            payload=pack(bytes(payload), "u1"),
+            shape=[rows, cols],
+            x=pack(x2, "<f4"),
+            x_shape=list(x2.shape),
+        )
         y = unpack(r, "y", "<f4", (x2.shape[0], rows), f"{self.name}: {desc}")
         return y.reshape(*x.shape[:-1], rows)
 
@@ -244,8 +279,13 @@ class CmdBackend:
         desc = f"open_embedder({str(path)!r}" + (f", {reading!r})" if reading else ")")
         r = self.request(desc, "open_embedder", path=str(path), **({"reading": reading} if reading else {}))
         where = f"{self.name}: {desc}"
-        return EmbedderSession(self, _handle(r, where), reply_field(r, "dim", int, where),
-                               reply_field(r, "vocab", int, where), str(path))
+        return EmbedderSession(
+            self,
+            _handle(r, where),
+            reply_field(r, "dim", int, where),
+            reply_field(r, "vocab", int, where),
+            str(path),
+        )
 
 
 def _quant_input(x) -> np.ndarray:
@@ -285,8 +325,9 @@ class ModelSession(_Session):
         where = f"{self.backend.name}: {desc}"
         shape = r.get("shape")
         if shape != [len(t), self.vocab]:
-            raise BackendError(f"{where}: reply shape {short(json.dumps(shape))}, expected "
-                               f"[{len(t)}, {self.vocab}]")
+            raise BackendError(
+                f"{where}: reply shape {short(json.dumps(shape))}, expected [{len(t)}, {self.vocab}]"
+            )
         return unpack(r, "logits", "<f4", (len(t), self.vocab), where)
 
     def reset(self) -> None:
@@ -302,8 +343,10 @@ class TokenizerSession(_Session):
         r = self.backend.request(desc, "encode", handle=self.handle, text=text, utf8=pack(data, "u1"))
         ids = r.get("ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise BackendError(f"{self.backend.name}: {desc}: reply field 'ids' must be a list of integers, "
-                               f"got {short(json.dumps(ids))}")
+            raise BackendError(
+                f"{self.backend.name}: {desc}: reply field 'ids' must be a list of integers, "
+                f"got {short(json.dumps(ids))}"
+            )
         return ids
 
     def decode(self, ids: list[int]) -> bytes:
@@ -325,8 +368,9 @@ class EmbedderSession(_Session):
             raise InputError(f"pooling {pooling!r} is not one of {POOLINGS}")
         t = _tokens(tokens)
         desc = f"embed({self.path!r}, tokens[{len(t)}], {pooling}, normalize={bool(normalize)})"
-        r = self.backend.request(desc, "embed", handle=self.handle, tokens=t, pooling=pooling,
-                                 normalize=bool(normalize))
+        r = self.backend.request(
+            desc, "embed", handle=self.handle, tokens=t, pooling=pooling, normalize=bool(normalize)
+        )
         return unpack(r, "vector", "<f4", (self.dim,), f"{self.backend.name}: {desc}")
 
 

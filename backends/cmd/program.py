@@ -70,8 +70,9 @@ class Program(Child):
             raw = self._readline(deadline)
         except Timeout:
             self.stop_hard()
-            raise WorkerTimeout(f"{self.name}: no reply within {timeout:g} s during {desc}; the program "
-                                "was killed") from None
+            raise WorkerTimeout(
+                f"{self.name}: no reply within {timeout:g} s during {desc}; the program was killed"
+            ) from None
         except EOF:
             raise self._died(desc) from None
         return self._parse(raw, rid, desc)
@@ -88,9 +89,9 @@ class Program(Child):
         elif not why and reply.get("id") != rid:
             why = f"id {reply.get('id')!r}, expected {rid}"
         elif not why and not isinstance(reply.get("ok"), bool):
-            why = "no boolean \"ok\" field"
+            why = 'no boolean "ok" field'
         if why:
-            self.stop_hard()   # the stream is out of step: start afresh on the next call
+            self.stop_hard()  # the stream is out of step: start afresh on the next call
             raise BackendError(f"{self.name}: malformed reply during {desc}: {why}: {short(text)!r}")
         return reply
 
@@ -104,8 +105,10 @@ class Program(Child):
     def _died(self, desc: str) -> WorkerCrash:
         rc = wait_exit(self.proc)
         if rc is None:
-            msg = (f"{self.name}: the program closed its stdout during {desc} and had not exited "
-                   f"{child.EXIT_WAIT:g} s later; killed")
+            msg = (
+                f"{self.name}: the program closed its stdout during {desc} and had not exited "
+                f"{child.EXIT_WAIT:g} s later; killed"
+            )
         elif rc < 0:
             msg = f"{self.name}: the program was killed by {signal_name(rc)} during {desc}"
         else:

@@ -101,21 +101,26 @@ def pack(a: Any, dtype: str) -> str:
     return base64.b64encode(np.ascontiguousarray(a, dtype=np.dtype(dtype)).tobytes()).decode("ascii")
 
 
-def unpack(reply: dict, field: str, dtype: str, shape: tuple[int, ...] | None = None,
-           where: str = "") -> np.ndarray:
+def unpack(
+    reply: dict, field: str, dtype: str, shape: tuple[int, ...] | None = None, where: str = ""
+) -> np.ndarray:
     """Field ``field`` of a reply: base64 of little-endian ``dtype`` -> an array of native byte
     order (``shape`` checked when given). BackendError naming the field for anything else."""
     dt = np.dtype(dtype)
     raw = b64(reply, field, where)
     if len(raw) % dt.itemsize:
-        raise BackendError(f"{where}: reply field {field!r} has {len(raw)} bytes, not a multiple of "
-                           f"{dt.itemsize} ({dt.name})")
+        raise BackendError(
+            f"{where}: reply field {field!r} has {len(raw)} bytes, not a multiple of "
+            f"{dt.itemsize} ({dt.name})"
+        )
     a = np.frombuffer(raw, dtype=dt).astype(dt.newbyteorder("="))
     if shape is not None:
         n = int(np.prod(shape, dtype=np.int64))
         if a.size != n:
-            raise BackendError(f"{where}: reply field {field!r} has {a.size} {dt.name} values "
-                               f"({len(raw)} bytes), expected {n} for shape {list(shape)}")
+            raise BackendError(
+                f"{where}: reply field {field!r} has {a.size} {dt.name} values "
+                f"({len(raw)} bytes), expected {n} for shape {list(shape)}"
+            )
         a = a.reshape(shape)
     return a
 
@@ -123,8 +128,9 @@ def unpack(reply: dict, field: str, dtype: str, shape: tuple[int, ...] | None = 
 def b64(reply: dict, field: str, where: str) -> bytes:
     v = reply.get(field)
     if not isinstance(v, str):
-        raise BackendError(f"{where}: reply field {field!r} must be a base64 string, got "
-                           f"{short(json.dumps(v))}")
+        raise BackendError(
+            f"{where}: reply field {field!r} must be a base64 string, got {short(json.dumps(v))}"
+        )
     try:
         return base64.b64decode(v, validate=True)
     except (binascii.Error, ValueError) as e:

@@ -31,12 +31,16 @@ def llama_cpp_backend(name: str) -> CmdBackend:
         lib = lib if lib.is_absolute() else Path.cwd() / lib
         missing = [f for f in ("libllama.so", "libggml-base.so") if not (lib / f).is_file()]
         if missing:
-            raise BackendError(f"{name}: {lib} has no {' and no '.join(missing)} (a llama.cpp build's "
-                               "library folder is expected)")
+            raise BackendError(
+                f"{name}: {lib} has no {' and no '.join(missing)} (a llama.cpp build's "
+                "library folder is expected)"
+            )
         argv += ["--lib", str(lib)]
     elif importlib.util.find_spec("llama_cpp") is None:
-        raise BackendError(f"{name}: llama-cpp-python is not installed (pip install \".[bench]\" builds "
-                           "it with llama.cpp; or name a build's library folder: llama.cpp:DIR)")
+        raise BackendError(
+            f'{name}: llama-cpp-python is not installed (pip install ".[bench]" builds '
+            "it with llama.cpp; or name a build's library folder: llama.cpp:DIR)"
+        )
     return CmdBackend(name, argv)
 
 

@@ -33,26 +33,43 @@ def vocab_gguf(tok, path: Path) -> Path:
     from mlconf.tools.convert_tokenizer import BYTE_TO_CHAR
 
     w = gguf.GGUFWriter(path, "llama")
-    for key, v in (("context_length", 16), ("embedding_length", 32), ("block_count", 1),
-                   ("feed_forward_length", 32), ("attention.head_count", 1)):
+    for key, v in (
+        ("context_length", 16),
+        ("embedding_length", 32),
+        ("block_count", 1),
+        ("feed_forward_length", 32),
+        ("attention.head_count", 1),
+    ):
         w.add_uint32(f"llama.{key}", v)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    types = [gguf.TokenType.USER_DEFINED if a == ATTR_ADDED else gguf.TokenType.BYTE if a == ATTR_BYTE
-             else gguf.TokenType.NORMAL for a, _ in tok.tokens]
+    types = [
+        gguf.TokenType.USER_DEFINED
+        if a == ATTR_ADDED
+        else gguf.TokenType.BYTE
+        if a == ATTR_BYTE
+        else gguf.TokenType.NORMAL
+        for a, _ in tok.tokens
+    ]
     if tok.kind == 2:
         rest = tok.flags & ~FLAG_ADD_BOS
         if rest not in PRE:
-            raise NotHere(f"flags {tok.flags:#x}: llama.cpp has no pre-tokenizer with this regex, digit rule "
-                          f"and ignore_merges")
-        texts = [p.decode("utf-8", "replace") if a == ATTR_ADDED else "".join(BYTE_TO_CHAR[b] for b in p)
-                 for a, p in tok.tokens]
+            raise NotHere(
+                f"flags {tok.flags:#x}: llama.cpp has no pre-tokenizer with this regex, digit rule "
+                f"and ignore_merges"
+            )
+        texts = [
+            p.decode("utf-8", "replace") if a == ATTR_ADDED else "".join(BYTE_TO_CHAR[b] for b in p)
+            for a, p in tok.tokens
+        ]
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre(PRE[rest])
         w.add_token_merges([f"{texts[left]} {texts[right]}" for left, right, _ in tok.merges])
     else:
         if tok.flags & FLAG_PREFIX_FIRST_ONLY:
-            raise NotHere(f"flags {tok.flags:#x}: prefix_first_only: llama.cpp's SentencePiece tokenizer puts "
-                          f"the U+2581 prefix before the text after every special token, and has no other mode")
+            raise NotHere(
+                f"flags {tok.flags:#x}: prefix_first_only: llama.cpp's SentencePiece tokenizer puts "
+                f"the U+2581 prefix before the text after every special token, and has no other mode"
+            )
         texts = [f"<0x{p[0]:02X}>" if a == ATTR_BYTE else p.decode("utf-8", "replace") for a, p in tok.tokens]
         scores = [-1e9] * tok.n_vocab
         for rank, (_, _, merged) in enumerate(tok.merges):
@@ -80,6 +97,7 @@ def bitnet_norms(path: Path) -> list[str]:
     """The names of a BitNet student's per-projection norms (*_norm_in), which stock llama.cpp's
     qwen3 / gemma3 layers have no place for."""
     import gguf
+
     return [t.name for t in gguf.GGUFReader(path).tensors if t.name.endswith("_norm_in.weight")]
 
 
@@ -90,6 +108,7 @@ def stock_gguf(src: str, dst: Path) -> Path:
     import gguf
 
     from mlconf.tools.files import check_regular
+
     why = check_regular(src)  # gguf-py would block on a FIFO
     if why:
         raise Refused(f"{src}: {why}")
@@ -97,8 +116,9 @@ def stock_gguf(src: str, dst: Path) -> Path:
         r = gguf.GGUFReader(src)
     except ValueError as e:
         if "GGMLQuantizationType" in str(e):
-            raise NotHere(f"{src}: a tensor type stock llama.cpp does not read ({e}; bitnet.cpp's I2_S is "
-                          f"type 36)") from None
+            raise NotHere(
+                f"{src}: a tensor type stock llama.cpp does not read ({e}; bitnet.cpp's I2_S is type 36)"
+            ) from None
         raise Refused(f"{src}: not a GGUF gguf-py reads: {e}") from None
     except OSError as e:
         raise Refused(f"{src}: {e}") from None
@@ -108,7 +128,9 @@ def stock_gguf(src: str, dst: Path) -> Path:
         if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
             continue
         vtype = f.types[0]
-        w.add_key_value(key, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+        w.add_key_value(
+            key, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        )
     for t in r.tensors:
         shape = tuple(int(n) for n in reversed(t.shape))
         if t.tensor_type == gguf.GGMLQuantizationType.F16:

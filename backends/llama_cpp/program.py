@@ -53,18 +53,28 @@ class Ggml:
         self.lib = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
         f = self.lib.ggml_quantize_chunk
         f.restype = ctypes.c_size_t
-        f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                      ctypes.c_int64, ctypes.c_void_p]
+        f.argtypes = [
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+        ]
 
-    def quantize(self, gtype: int, x: np.ndarray, importance: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def quantize(
+        self, gtype: int, x: np.ndarray, importance: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(payload bytes per block without the scale, f16 scale bits) of x (rows, cols)."""
         rows, cols = x.shape
         x = np.ascontiguousarray(x, dtype=np.float32)
         nb = rows * cols // BLOCK
         out = np.zeros(nb * BLOCK_BYTES[gtype], np.uint8)
         imp = None if importance is None else np.ascontiguousarray(importance, dtype=np.float32)
-        n = self.lib.ggml_quantize_chunk(gtype, x.ctypes.data, out.ctypes.data, 0, rows, cols,
-                                         None if imp is None else imp.ctypes.data)
+        n = self.lib.ggml_quantize_chunk(
+            gtype, x.ctypes.data, out.ctypes.data, 0, rows, cols, None if imp is None else imp.ctypes.data
+        )
         if n != out.size:
             raise RuntimeError(f"ggml_quantize_chunk wrote {n} bytes, expected {out.size}")
         blocks = out.reshape(nb, BLOCK_BYTES[gtype])
@@ -87,8 +97,11 @@ class Program:
 
     # -- ops
     def hello(self, req: dict) -> dict:
-        return {"name": "llama.cpp (llama-cpp-python)", "version": self.llama_cpp.__version__,
-                "capabilities": ["forward", "quantize_q8_0", "quantize_q4_0", "encode", "embed"]}
+        return {
+            "name": "llama.cpp (llama-cpp-python)",
+            "version": self.llama_cpp.__version__,
+            "capabilities": ["forward", "quantize_q8_0", "quantize_q4_0", "encode", "embed"],
+        }
 
     def quantize_q8_0(self, req: dict) -> dict:
         x = self._quant_rows(req)
@@ -103,7 +116,9 @@ class Program:
             raise NotHere("ggml's Q4_0 stores f16 scales; f32 scales cannot be asked of it")
         imp = None if req.get("importance") is None else unpack(req, "importance", "<f4")
         if req["rule"] == "round" and imp is not None:
-            raise NotHere("ggml's Q4_0 with an importance matrix runs its weighted search, not the round rule")
+            raise NotHere(
+                "ggml's Q4_0 with an importance matrix runs its weighted search, not the round rule"
+            )
         if req["rule"] == "search" and imp is None:
             raise NotHere("ggml's Q4_0 searches only with an importance matrix (without one it rounds)")
         if req["rule"] not in ("round", "search"):
@@ -113,6 +128,7 @@ class Program:
 
     def open_model(self, req: dict) -> dict:
         from mlconf.tools import gguf_export, mlb
+
         path = req["path"]
         try:
             header = mlb.read(path).header
@@ -124,10 +140,21 @@ class Program:
         except gguf_export.ExportError as e:
             raise NotHere(f"not expressible as a llama.cpp GGUF: {e}") from None
         ctx = int(req["ctx"]) if req.get("ctx") is not None else int(header["max_seq"])
-        llm = self.llama_cpp.Llama(model_path=str(gguf_path), n_ctx=ctx, n_batch=ctx, n_ubatch=ctx,
-                                   n_threads=THREADS, n_threads_batch=THREADS, logits_all=True,
-                                   verbose=False)
-        return {"handle": self._add({"llm": llm, "ctx": ctx, "gguf": gguf_path}), "vocab": llm.n_vocab(), "ctx": ctx}
+        llm = self.llama_cpp.Llama(
+            model_path=str(gguf_path),
+            n_ctx=ctx,
+            n_batch=ctx,
+            n_ubatch=ctx,
+            n_threads=THREADS,
+            n_threads_batch=THREADS,
+            logits_all=True,
+            verbose=False,
+        )
+        return {
+            "handle": self._add({"llm": llm, "ctx": ctx, "gguf": gguf_path}),
+            "vocab": llm.n_vocab(),
+            "ctx": ctx,
+        }
 
     def forward(self, req: dict) -> dict:
         s = self._model(req)
@@ -144,11 +171,12 @@ class Program:
             raise Refused(f"positions up to {pos + len(toks)} exceed ctx {s['ctx']}")
         llm.n_tokens = pos  # eval drops the cached positions from n_tokens on
         llm.eval(toks)
-        logits = np.asarray(llm.scores[pos:pos + len(toks)], dtype=np.float32)
+        logits = np.asarray(llm.scores[pos : pos + len(toks)], dtype=np.float32)
         return {"logits": pack(logits, "<f4"), "shape": [len(toks), vocab]}
 
     def open_tokenizer(self, req: dict) -> dict:
         from mlconf.tools import mlt
+
         try:
             tok = mlt.read(req["path"])
         except (OSError, ValueError) as e:
@@ -167,7 +195,11 @@ class Program:
 
     def decode(self, req: dict) -> dict:
         s = self._model(req)
-        return {"bytes": base64.b64encode(s["llm"].detokenize([int(i) for i in req["ids"]], special=True)).decode()}
+        return {
+            "bytes": base64.b64encode(
+                s["llm"].detokenize([int(i) for i in req["ids"]], special=True)
+            ).decode()
+        }
 
     def open_embedder(self, req: dict) -> dict:
         path = req["path"]
@@ -176,8 +208,11 @@ class Program:
         gguf_path = Path(self.tmp.name) / f"{self.next_handle}.embed.gguf"
         stock_gguf(path, gguf_path)
         first = self._embedding_context(gguf_path, None)
-        return {"handle": self._add({"llm": first, "gguf": gguf_path, "pooled": {None: first}}),
-                "dim": first.n_embd(), "vocab": first.n_vocab()}
+        return {
+            "handle": self._add({"llm": first, "gguf": gguf_path, "pooled": {None: first}}),
+            "dim": first.n_embd(),
+            "vocab": first.n_vocab(),
+        }
 
     def embed(self, req: dict) -> dict:
         s = self._model(req)
@@ -200,7 +235,7 @@ class Program:
         llm._batch.add_sequence(toks, 0, True)  # every token an output: the pooling reads them all
         llm._ctx.decode(llm._batch)
         ptr = self.llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
-        v = np.array(ptr[:llm.n_embd()], dtype=np.float32)
+        v = np.array(ptr[: llm.n_embd()], dtype=np.float32)
         if not np.isfinite(v).all():
             raise NonFinite("the pooled embedding is not finite")
         if req.get("normalize"):  # as llama.cpp's embedding example (common_embd_normalize, L2)
@@ -211,14 +246,24 @@ class Program:
     def _embedding_context(self, gguf_path: Path, pooling: str | None):
         n_ctx = 512
         try:
-            return self.llama_cpp.Llama(model_path=str(gguf_path), embedding=True, pooling_type=POOLING[pooling],
-                                        n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=THREADS,
-                                        n_threads_batch=THREADS, verbose=False)
+            return self.llama_cpp.Llama(
+                model_path=str(gguf_path),
+                embedding=True,
+                pooling_type=POOLING[pooling],
+                n_ctx=n_ctx,
+                n_batch=n_ctx,
+                n_ubatch=n_ctx,
+                n_threads=THREADS,
+                n_threads_batch=THREADS,
+                verbose=False,
+            )
         except ValueError as e:  # llama_model_load failed
             extra = bitnet_norms(gguf_path)
             if extra:  # a model its architecture does not describe
-                raise NotHere(f"llama.cpp does not load it ({e}): its architecture has no place for a BitNet "
-                              f"student's per-projection norms, e.g. {', '.join(extra[:3])}") from None
+                raise NotHere(
+                    f"llama.cpp does not load it ({e}): its architecture has no place for a BitNet "
+                    f"student's per-projection norms, e.g. {', '.join(extra[:3])}"
+                ) from None
             raise Refused(f"llama.cpp refused the file: {e}") from None
 
     def reset(self, req: dict) -> dict:
@@ -256,7 +301,9 @@ class Program:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mlconf.backends.llama_cpp.program", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m mlconf.backends.llama_cpp.program", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--lib", help="folder of libllama.so and libggml-base.so (default: llama-cpp-python's)")
     args = ap.parse_args(argv)
     if args.lib:
@@ -264,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         lib_dir = Path(args.lib)
     else:
         import importlib.util
+
         spec = importlib.util.find_spec("llama_cpp")
         lib_dir = Path(spec.origin).parent / "lib"
     # the protocol gets its own copy of fd 1, and fd 1 becomes stderr: nothing llama.cpp or the

@@ -35,6 +35,10 @@ def serve(program, lines, out) -> None:
         except NonFinite as e:
             reply = {"id": rid, "ok": False, "error": {"kind": "nonfinite", "message": str(e)}}
         except Exception as e:  # llama.cpp or this program failed: the case is an error, the program goes on
-            reply = {"id": rid, "ok": False, "error": {"kind": "internal", "message": f"{type(e).__name__}: {e}"}}
+            reply = {
+                "id": rid,
+                "ok": False,
+                "error": {"kind": "internal", "message": f"{type(e).__name__}: {e}"},
+            }
         out.write(json.dumps(reply) + "\n")
         out.flush()

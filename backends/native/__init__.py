@@ -23,17 +23,30 @@ from ..child import default_timeout
 from . import abi
 from .library import LibraryBackend
 from .names import (
-           HERE,
-           ISAS,
-           LIBRARY,
-           library_available,
-           native_available,
-           native_backend,
-           open_library,
-           stale_sources,
+    HERE,
+    ISAS,
+    LIBRARY,
+    library_available,
+    native_available,
+    native_backend,
+    open_library,
+    stale_sources,
 )
 from .sessions import EmbedderSession, ModelSession, TokenizerSession
 
-__all__ = ["LIBRARY", "HERE", "ISAS", "abi", "LibraryBackend", "ModelSession", "TokenizerSession",
-           "EmbedderSession", "native_backend", "native_available", "default_timeout", "stale_sources",
-           "open_library", "library_available"]
+__all__ = [
+    "LIBRARY",
+    "HERE",
+    "ISAS",
+    "abi",
+    "LibraryBackend",
+    "ModelSession",
+    "TokenizerSession",
+    "EmbedderSession",
+    "native_backend",
+    "native_available",
+    "default_timeout",
+    "stale_sources",
+    "open_library",
+    "library_available",
+]

@@ -68,19 +68,48 @@ int ml_embed(ml_embedder *e, const int32_t *tokens, int32_t n, int32_t pooling, 
 """
 
 FUNCTIONS = (
-    "ml_version", "ml_isa", "ml_set_isa", "ml_set_target_version",
-    "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx", "ml_forward", "ml_forward_last",
-    "ml_imatrix_start", "ml_imatrix_get",
-    "ml_quantize_q8_0", "ml_quantize_q4_0",
-    "ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode",
-    "ml_i2s_quantize", "ml_i2s_quantize_act", "ml_i2s_matmul",
-    "ml_embed_load", "ml_embed_load_reading", "ml_embed_free", "ml_embed_dim", "ml_embed_vocab", "ml_embed",
+    "ml_version",
+    "ml_isa",
+    "ml_set_isa",
+    "ml_set_target_version",
+    "ml_check",
+    "ml_load",
+    "ml_free",
+    "ml_reset",
+    "ml_vocab",
+    "ml_ctx",
+    "ml_forward",
+    "ml_forward_last",
+    "ml_imatrix_start",
+    "ml_imatrix_get",
+    "ml_quantize_q8_0",
+    "ml_quantize_q4_0",
+    "ml_tok_load",
+    "ml_tok_free",
+    "ml_tok_encode",
+    "ml_tok_decode",
+    "ml_i2s_quantize",
+    "ml_i2s_quantize_act",
+    "ml_i2s_matmul",
+    "ml_embed_load",
+    "ml_embed_load_reading",
+    "ml_embed_free",
+    "ml_embed_dim",
+    "ml_embed_vocab",
+    "ml_embed",
 )
 
-STATUS_NAMES = {0: "ML_OK", 1: "ML_E_IO", 2: "ML_E_FORMAT", 3: "ML_E_SHAPE", 4: "ML_E_ARG",
-                5: "ML_E_NOMEM", 6: "ML_E_UNSUPPORTED"}
+STATUS_NAMES = {
+    0: "ML_OK",
+    1: "ML_E_IO",
+    2: "ML_E_FORMAT",
+    3: "ML_E_SHAPE",
+    4: "ML_E_ARG",
+    5: "ML_E_NOMEM",
+    6: "ML_E_UNSUPPORTED",
+}
 ML_OK, ML_E_FORMAT, ML_E_ARG, ML_E_UNSUPPORTED = 0, 2, 4, 6
-Q4_0_RULES = {"round": 0, "search": 1}   # ML_Q4_0_ROUND, ML_Q4_0_SEARCH
+Q4_0_RULES = {"round": 0, "search": 1}  # ML_Q4_0_ROUND, ML_Q4_0_SEARCH
 
 # Backend capability -> the symbols it needs (mlconf.backends.CAPABILITIES).
 CAPABILITY_SYMBOLS: dict[str, tuple[str, ...]] = {

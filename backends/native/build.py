@@ -42,28 +42,38 @@ UNICODE_GENERATOR = HERE.parents[1] / "tools" / "gen_unicode_tables.py"
 UNICODE_DATA = HERE.parents[1] / "specs" / "unicode.json"
 FILES = HERE.parents[1] / "tools" / "files.py"  # replacing(): loaded by path, like the generator
 CFLAGS = ["-std=c11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-fvisibility=hidden"]
-SANITIZE = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-            "-fno-omit-frame-pointer"]   # --sanitize and the fuzz targets
+SANITIZE = [
+    "-O1",
+    "-g",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+]  # --sanitize and the fuzz targets
 ISA_FLAGS = {  # file -> (machines it is compiled for, extra flags)
     "kern_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
     "kern_avxvnni.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"]),
-    "kern_avx512.c": (("x86_64", "AMD64"),
-                      ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]),
+    "kern_avx512.c": (
+        ("x86_64", "AMD64"),
+        ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
+    ),
     "kern_neon.c": (("aarch64", "arm64"), []),
     "kern_neon_dotprod.c": (("aarch64", "arm64"), ["-march=armv8.2-a+dotprod"]),
     "i2s_avx2.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"]),
     "i2s_avxvnni.c": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"]),
-    "i2s_avx512.c": (("x86_64", "AMD64"),
-                     ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vnni"]),
+    "i2s_avx512.c": (
+        ("x86_64", "AMD64"),
+        ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vnni"],
+    ),
     "i2s_neon.c": (("aarch64", "arm64"), []),
 }
 # library -> (its sources, the default output path). The bitnet runtime shares only the native
 # runtime's infrastructure (thread pool, f16 conversion, CPU features), none of its math.
 LIBRARIES = {
     "mlrt": (lambda: sorted(SRC.glob("*.c")), HERE / "libmlrt.so"),
-    "mlbitnet": (lambda: [*sorted((BITNET / "src").glob("*.c")),
-                          *(SRC / f for f in ("pool.c", "f16.c", "cpu.c"))],
-                 BITNET / "libmlbitnet.so"),
+    "mlbitnet": (
+        lambda: [*sorted((BITNET / "src").glob("*.c")), *(SRC / f for f in ("pool.c", "f16.c", "cpu.c"))],
+        BITNET / "libmlbitnet.so",
+    ),
 }
 
 
@@ -105,8 +115,16 @@ def sources(machine: str | None = None, lib: str = "mlrt") -> list[tuple[Path, l
     return out
 
 
-def build(out: str | Path | None = None, *, lib: str = "mlrt", cc: str | None = None, sanitize: bool = False,
-          m32: bool = False, machine: str | None = None, extra: list[str] | None = None) -> Path:
+def build(
+    out: str | Path | None = None,
+    *,
+    lib: str = "mlrt",
+    cc: str | None = None,
+    sanitize: bool = False,
+    m32: bool = False,
+    machine: str | None = None,
+    extra: list[str] | None = None,
+) -> Path:
     """Compile library ``lib`` and link it into ``out`` (default: its place in the source tree);
     raises BuildError with the compiler's output."""
     out = out or LIBRARIES[lib][1]
@@ -150,7 +168,7 @@ def unicode_tables() -> Path:
         return mod.write(out)
     except OSError as e:
         if out.exists() and out.read_text(encoding="utf-8") == mod.render():
-            return out          # e.g. an installed package in a read-only folder: same data
+            return out  # e.g. an installed package in a read-only folder: same data
         raise BuildError(f"{UNICODE_GENERATOR}: cannot write {out}: {e}") from None
 
 
@@ -160,8 +178,9 @@ def _run(cmd: list[str]) -> None:
         raise BuildError(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
 
 
-def _compile_link(cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]], link_flags: list[str],
-                  out: Path) -> Path:
+def _compile_link(
+    cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]], link_flags: list[str], out: Path
+) -> Path:
     """Compile each (source, ISA flags) in a temporary folder beside ``out``, link, and rename the
     result into place at once, so a process that has the previous file loaded is not disturbed."""
     build_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.obj", dir=out.parent))
@@ -171,8 +190,9 @@ def _compile_link(cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]],
         objs = []
         for src, isa in srcs:
             obj = build_dir / (src.stem + ".o")
-            _run([*shlex.split(cc), *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o",
-                  str(obj)])
+            _run(
+                [*shlex.split(cc), *flags, *isa, "-I", str(HERE / "include"), "-c", str(src), "-o", str(obj)]
+            )
             objs.append(str(obj))
         # a library or an executable: rwx less the umask
         with _by_path("_mlconf_files", FILES).replacing(out, mode=0o777) as tmp:
@@ -196,7 +216,7 @@ def build_worker(out: str | Path, machine: str = "aarch64", cc: str = "aarch64-l
 
 
 FUZZ = HERE / "fuzz"
-FUZZ_TARGETS = ("mlb_check", "mlt_load")   # fuzz/NAME.c, each linked with the runtime's sources
+FUZZ_TARGETS = ("mlb_check", "mlt_load")  # fuzz/NAME.c, each linked with the runtime's sources
 
 
 def build_fuzzer(name: str, out: str | Path, cc: str = "clang") -> Path:
@@ -217,25 +237,38 @@ def build_fuzzer(name: str, out: str | Path, cc: str = "clang") -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", help="default: libmlrt.so here, backends/bitnet/libmlbitnet.so for "
-                    "--lib mlbitnet (--worker: build-aarch64/mlrt-worker)")
+    ap.add_argument(
+        "out",
+        nargs="?",
+        help="default: libmlrt.so here, backends/bitnet/libmlbitnet.so for "
+        "--lib mlbitnet (--worker: build-aarch64/mlrt-worker)",
+    )
     ap.add_argument("--lib", choices=sorted(LIBRARIES), default="mlrt", help="which library (default mlrt)")
     ap.add_argument("--all", action="store_true", help="build every library at its default path")
     ap.add_argument("--sanitize", action="store_true", help="AddressSanitizer + UBSan build")
     ap.add_argument("--m32", action="store_true", help="32-bit build (gcc-multilib)")
     ap.add_argument("--cc", help="default: $CC, else gcc (--worker: aarch64-linux-gnu-gcc)")
-    ap.add_argument("--fuzz", choices=FUZZ_TARGETS,
-                    help="a libFuzzer target of fuzz/ (clang; default out: fuzz/build/NAME)")
-    ap.add_argument("--worker", action="store_true",
-                    help="the static aarch64 worker executable of native:neon under qemu (build_worker)")
+    ap.add_argument(
+        "--fuzz",
+        choices=FUZZ_TARGETS,
+        help="a libFuzzer target of fuzz/ (clang; default out: fuzz/build/NAME)",
+    )
+    ap.add_argument(
+        "--worker",
+        action="store_true",
+        help="the static aarch64 worker executable of native:neon under qemu (build_worker)",
+    )
     args = ap.parse_args(argv)
     try:
         if args.fuzz:
             print(build_fuzzer(args.fuzz, args.out or FUZZ / "build" / args.fuzz, args.cc or "clang"))
             return 0
         if args.worker:
-            print(build_worker(args.out or HERE / "build-aarch64" / "mlrt-worker",
-                               cc=args.cc or "aarch64-linux-gnu-gcc"))
+            print(
+                build_worker(
+                    args.out or HERE / "build-aarch64" / "mlrt-worker", cc=args.cc or "aarch64-linux-gnu-gcc"
+                )
+            )
         elif args.all:
             for lib in LIBRARIES:
                 print(build(lib=lib, cc=args.cc, sanitize=args.sanitize, m32=args.m32))

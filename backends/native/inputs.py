@@ -9,8 +9,8 @@ from ..base import BackendError, InputError, Unsupported, token_array
 from . import abi
 
 INT32 = (-(2**31), 2**31 - 1)
-I2S_BLOCK, I2S_TAIL = 128, 32                 # specs/i2s.yaml block, tail_bytes
-POOLING_CODES = {None: -1, "mean": 1, "cls": 2, "last": 3}   # ML_POOL_MODEL, ML_POOL_MEAN, ...
+I2S_BLOCK, I2S_TAIL = 128, 32  # specs/i2s.yaml block, tail_bytes
+POOLING_CODES = {None: -1, "mean": 1, "cls": 2, "last": 3}  # ML_POOL_MODEL, ML_POOL_MEAN, ...
 
 
 def int32(v: int, what: str) -> int:
@@ -44,12 +44,14 @@ def i2s_problem(x: np.ndarray, payload: np.ndarray | None = None, rows: int = 0,
         return f"non-finite value {flat[i]} at row {i // c}, column {i % c}"
     if payload is not None:
         b = payload[: rows * cols // 4].reshape(-1, 32)
-        codes = np.stack([(b >> s) & 3 for s in (6, 4, 2, 0)], axis=1).reshape(-1)   # element order
+        codes = np.stack([(b >> s) & 3 for s in (6, 4, 2, 0)], axis=1).reshape(-1)  # element order
         three = np.flatnonzero(codes == 3)
         if three.size:
             k = int(three[0])
-            return (f"code 3 at element {k} (row {k // cols}, column {k % cols}; packed byte "
-                    f"{(k // 128) * 32 + k % 32})")
+            return (
+                f"code 3 at element {k} (row {k // cols}, column {k % cols}; packed byte "
+                f"{(k // 128) * 32 + k % 32})"
+            )
     return "no rule of specs/i2s.yaml refuses this input"
 
 
@@ -85,6 +87,7 @@ def q8_problem(x: np.ndarray, f16: bool) -> str:
 def q4_problem(x: np.ndarray, rule: str, f16: bool, imp: np.ndarray | None) -> str:
     """Why the reference refuses the input too (the ABI returns a status, not a reason)."""
     from mlconf.backends.reference import quant
+
     try:
         if rule == "round":
             quant.q4_0_round(x, f16=f16)

@@ -23,35 +23,49 @@ class LibraryBackend:
     be changed at any time; ``threads`` is given to ml_load (0: the number of cores). ``worker_class``:
     the transport (default worker.Worker; qemu.QemuWorker for the aarch64 build under qemu-user)."""
 
-    def __init__(self, name: str, lib_path: str | Path, isa: str | None = None,
-                 timeout: float | None = None, threads: int = 0, worker_class: type | None = None):
+    def __init__(
+        self,
+        name: str,
+        lib_path: str | Path,
+        isa: str | None = None,
+        timeout: float | None = None,
+        threads: int = 0,
+        worker_class: type | None = None,
+    ):
         from .worker import Worker
+
         self.name = name
         self.lib_path = str(lib_path)
         self.threads = threads
         self._lock = threading.Lock()
-        self.target_version = None     # set_target_version's; None: the library's newest
+        self.target_version = None  # set_target_version's; None: the library's newest
         self._worker = (worker_class or Worker)(self.lib_path, isa, timeout or default_timeout())
-        info = self._worker.start()          # BackendError if it cannot be loaded
+        info = self._worker.start()  # BackendError if it cannot be loaded
         self.symbols = frozenset(info["symbols"])
         self.version, self.isa = info["version"], info["isa"]
-        self.tables = tuple(info.get("tables", ()))   # the kernel tables it runs on this machine
+        self.tables = tuple(info.get("tables", ()))  # the kernel tables it runs on this machine
         if info["isa_error"]:
-            why = (f"{name}: ISA {isa} is not available in this library on this machine "
-                   f"({platform.machine()}): {info['isa_error']}")
+            why = (
+                f"{name}: ISA {isa} is not available in this library on this machine "
+                f"({platform.machine()}): {info['isa_error']}"
+            )
             self.capabilities: frozenset[str] = frozenset()
             self.unsupported = {c: why for c in CAPABILITIES}
             self.description = why
             self._worker.stop()
             return
-        self.capabilities = frozenset(c for c, syms in abi.CAPABILITY_SYMBOLS.items()
-                                      if all(s in self.symbols for s in syms))
+        self.capabilities = frozenset(
+            c for c, syms in abi.CAPABILITY_SYMBOLS.items() if all(s in self.symbols for s in syms)
+        )
         self.unsupported = {
             c: f"{self.lib_path} does not export {', '.join(s for s in syms if s not in self.symbols)}"
-            for c, syms in abi.CAPABILITY_SYMBOLS.items() if c not in self.capabilities}
+            for c, syms in abi.CAPABILITY_SYMBOLS.items()
+            if c not in self.capabilities
+        }
         runs = f"runs {' '.join(self.tables)}" if self.tables else ""
-        self.description = ", ".join(s for s in (self.version, f"ISA {self.isa}" if self.isa else "", runs,
-                                                  self.lib_path) if s)
+        self.description = ", ".join(
+            s for s in (self.version, f"ISA {self.isa}" if self.isa else "", runs, self.lib_path) if s
+        )
 
     # -- plumbing
     @property
@@ -123,13 +137,15 @@ class LibraryBackend:
             raise ValueError(f"input must be float32 (the ABI takes float), got {x.dtype}")
         if x.ndim == 0 or (x.ndim > 1 and x.shape[-1] % 32):
             raise ValueError(f"shape {x.shape}: the last dimension must be a multiple of 32")
-        st, q, d = self._call(f"quantize_q8_0(float32{list(x.shape)}, f16={bool(f16)})", "quantize_q8_0",
-                              x, bool(f16))
+        st, q, d = self._call(
+            f"quantize_q8_0(float32{list(x.shape)}, f16={bool(f16)})", "quantize_q8_0", x, bool(f16)
+        )
         d = quantizer_status("ml_quantize_q8_0", st, lambda: q8_problem(x, f16), d, f16)
         return q.reshape(x.shape), d.reshape(*x.shape[:-1], x.shape[-1] // 32 if x.ndim > 1 else -1)
 
-    def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
-                      importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def quantize_q4_0(
+        self, x: np.ndarray, rule: str, f16: bool, importance: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         self._need("quantize_q4_0")
         if rule not in abi.Q4_0_RULES:
             raise Unsupported(f"Q4_0 rule {rule!r}")
@@ -145,20 +161,30 @@ class LibraryBackend:
         imp = None if importance is None else np.ascontiguousarray(importance, dtype=np.float32)
         if imp is not None and imp.shape != (cols,):
             raise ValueError(f"importance has shape {imp.shape}, expected ({cols},)")
-        if rows == 0:      # nothing to quantize (the ABI would see NULL buffers): empty, as the reference
-            return (np.zeros((*x.shape[:-1], cols // 2), np.uint8),
-                    np.zeros((*x.shape[:-1], cols // 32), np.float16 if f16 else np.float32))
-        st, qs, d = self._call(f"quantize_q4_0(float32{list(x.shape)}, {rule}, f16={bool(f16)}, "
-                               f"importance={imp is not None})", "quantize_q4_0",
-                               x, rows, cols, abi.Q4_0_RULES[rule], bool(f16), imp)
+        if rows == 0:  # nothing to quantize (the ABI would see NULL buffers): empty, as the reference
+            return (
+                np.zeros((*x.shape[:-1], cols // 2), np.uint8),
+                np.zeros((*x.shape[:-1], cols // 32), np.float16 if f16 else np.float32),
+            )
+        st, qs, d = self._call(
+            f"quantize_q4_0(float32{list(x.shape)}, {rule}, f16={bool(f16)}, importance={imp is not None})",
+            "quantize_q4_0",
+            x,
+            rows,
+            cols,
+            abi.Q4_0_RULES[rule],
+            bool(f16),
+            imp,
+        )
         d = quantizer_status("ml_quantize_q4_0", st, lambda: q4_problem(x, rule, f16, imp), d, f16)
         return qs.reshape(*x.shape[:-1], cols // 2), d.reshape(*x.shape[:-1], cols // 32)
 
     def open_model(self, path: str, ctx: int | None = None) -> ModelSession:
         self._need("forward")
         ctx32 = int32(ctx or 0, "ctx")
-        st, h, reason, vocab, ctx_out = self._path_call(f"open_model({str(path)!r}, ctx={ctx})", "load", path,
-                                                   ctx32, int32(self.threads, "threads"))
+        st, h, reason, vocab, ctx_out = self._path_call(
+            f"open_model({str(path)!r}, ctx={ctx})", "load", path, ctx32, int32(self.threads, "threads")
+        )
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_load returned ML_E_UNSUPPORTED")
         if st != abi.ML_OK:
@@ -169,9 +195,10 @@ class LibraryBackend:
 
     def load_tokenizer(self, path: str, model_vocab: int | None = None) -> LoadResult:
         self._need("load_tokenizer")
-        mv = int32(model_vocab or 0, "model_vocab")   # 0: no model vocabulary to check against
-        st, reason = self._path_call(f"load_tokenizer({str(path)!r}, model_vocab={model_vocab})",
-                                     "tok_check", path, mv)
+        mv = int32(model_vocab or 0, "model_vocab")  # 0: no model vocabulary to check against
+        st, reason = self._path_call(
+            f"load_tokenizer({str(path)!r}, model_vocab={model_vocab})", "tok_check", path, mv
+        )
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_tok_load returned ML_E_UNSUPPORTED")
         return LoadResult(abi.status_name(st), reason)
@@ -204,8 +231,9 @@ class LibraryBackend:
             raise ValueError(f"weights must be float32 or float16, got {w.dtype}")
         w2 = as_rows(w, "weights")
         rows, cols = w2.shape
-        st, payload = self._call(f"i2s_quantize({w.dtype}{list(w.shape)})", "i2s_quantize",
-                                 w2.astype(np.float32), rows, cols)
+        st, payload = self._call(
+            f"i2s_quantize({w.dtype}{list(w.shape)})", "i2s_quantize", w2.astype(np.float32), rows, cols
+        )
         self._i2s_status("ml_i2s_quantize", st, lambda: i2s_problem(w2))
         return payload
 
@@ -216,8 +244,9 @@ class LibraryBackend:
             raise ValueError(f"activations must be float32 (the ABI takes float), got {x.dtype}")
         x2 = as_rows(x, "activations")
         rows, cols = x2.shape
-        st, q, scale, total = self._call(f"i2s_quantize_act(float32{list(x.shape)})", "i2s_quantize_act",
-                                         x2, rows, cols)
+        st, q, scale, total = self._call(
+            f"i2s_quantize_act(float32{list(x.shape)})", "i2s_quantize_act", x2, rows, cols
+        )
         self._i2s_status("ml_i2s_quantize_act", st, lambda: i2s_problem(x2))
         return q.reshape(x.shape), scale.reshape(x.shape[:-1]), total.reshape(x.shape[:-1])
 
@@ -235,10 +264,18 @@ class LibraryBackend:
             raise ValueError(f"activation width {x2.shape[1]} != weight cols {cols}")
         if cols % I2S_BLOCK == 0 and data.size != rows * cols // 4 + I2S_TAIL:
             # the ABI has no payload length: the harness checks it (specs/i2s.yaml layout.reading)
-            raise ValueError(f"payload is {data.size} bytes, shape {(rows, cols)} needs "
-                             f"{rows * cols // 4 + I2S_TAIL}")
-        st, y = self._call(f"i2s_matmul(payload[{data.size}], {(rows, cols)}, float32{list(x.shape)})",
-                           "i2s_matmul", data, rows, cols, x2, x2.shape[0])
+            raise ValueError(
+                f"payload is {data.size} bytes, shape {(rows, cols)} needs {rows * cols // 4 + I2S_TAIL}"
+            )
+        st, y = self._call(
+            f"i2s_matmul(payload[{data.size}], {(rows, cols)}, float32{list(x.shape)})",
+            "i2s_matmul",
+            data,
+            rows,
+            cols,
+            x2,
+            x2.shape[0],
+        )
         self._i2s_status("ml_i2s_matmul", st, lambda: i2s_problem(x2, data, rows, cols))
         return y.reshape(*x.shape[:-1], rows)
 
@@ -250,14 +287,17 @@ class LibraryBackend:
         if reading not in abi.READING_CODES:
             raise InputError(f"reading {reading!r} is not one of {tuple(abi.READING_CODES)}")
         if reading is not None and "ml_embed_load_reading" not in self.symbols:
-            raise Unsupported(f"{self.name}: the library exports no ml_embed_load_reading, so the {reading} "
-                              "reading cannot be chosen")
+            raise Unsupported(
+                f"{self.name}: the library exports no ml_embed_load_reading, so the {reading} "
+                "reading cannot be chosen"
+            )
         desc = f"open_embedder({str(path)!r}" + (f", {reading!r})" if reading else ")")
-        st, h, reason, dim, vocab = self._path_call(desc, "embed_load", path, int32(self.threads, "threads"),
-                                               abi.READING_CODES[reading])
+        st, h, reason, dim, vocab = self._path_call(
+            desc, "embed_load", path, int32(self.threads, "threads"), abi.READING_CODES[reading]
+        )
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_embed_load returned ML_E_UNSUPPORTED")
-        if st != abi.ML_OK:   # the reason names the file (mlrt.h); name it here if it does not
+        if st != abi.ML_OK:  # the reason names the file (mlrt.h); name it here if it does not
             where = "" if str(path) in reason else f"{path}: "
             raise InputError(f"{where}ml_embed_load returned {abi.status_name(st)}: {reason}")
         if h is None:

@@ -15,7 +15,7 @@ from .library import LibraryBackend
 HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libmlrt.so"  # pip install builds it here (editable installs: in the source tree)
 ISAS = NATIVE_ISAS
-_SPARE: dict[str, LibraryBackend] = {}   # the backend library_available() started, for the next get
+_SPARE: dict[str, LibraryBackend] = {}  # the backend library_available() started, for the next get
 
 
 @atexit.register
@@ -42,8 +42,9 @@ def _stale_sources() -> list[str]:
     return stale_sources(LIBRARY, _native_sources())
 
 
-def open_library(name: str, library: Path, isa: str | None, sources: list[Path], what: str,
-                 build_hint: str) -> LibraryBackend:
+def open_library(
+    name: str, library: Path, isa: str | None, sources: list[Path], what: str, build_hint: str
+) -> LibraryBackend:
     """A LibraryBackend on a library of this source tree: BackendError if it is not built, a
     warning if a source is newer than it. ``what`` names it in messages ("the native library")."""
     spare = _SPARE.pop(name, None)
@@ -53,8 +54,11 @@ def open_library(name: str, library: Path, isa: str | None, sources: list[Path],
         raise BackendError(f"{name}: {what} {library} is not built; {build_hint}")
     stale = stale_sources(library, sources)
     if stale:
-        warnings.warn(f"{library} is older than {', '.join(sorted(stale))}: rebuild it with "
-                      "`python backends/native/build.py --all` (or reinstall)", stacklevel=3)
+        warnings.warn(
+            f"{library} is older than {', '.join(sorted(stale))}: rebuild it with "
+            "`python backends/native/build.py --all` (or reinstall)",
+            stacklevel=3,
+        )
     return LibraryBackend(name, library, isa=isa)
 
 
@@ -82,10 +86,16 @@ def native_backend(name: str) -> LibraryBackend:
         return _SPARE.pop(name)
     if isa in ("neon", "neon-dotprod") and platform.machine() not in ("aarch64", "arm64"):
         from . import qemu
+
         return LibraryBackend(name, " ".join(qemu.command()), isa=isa, worker_class=qemu.QemuWorker)
-    return open_library(name, LIBRARY, isa, _native_sources(), "the native library",
-                        "`pip install .` builds it, and in a source tree `python backends/native/build.py` "
-                        "rebuilds it")
+    return open_library(
+        name,
+        LIBRARY,
+        isa,
+        _native_sources(),
+        "the native library",
+        "`pip install .` builds it, and in a source tree `python backends/native/build.py` rebuilds it",
+    )
 
 
 def native_available() -> bool:

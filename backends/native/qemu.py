@@ -40,11 +40,25 @@ QEMU = "qemu-aarch64"
 QEMU_CPU = "max"
 EXE_NAME = "mlrt-worker"
 
-HEAD = struct.Struct("<II")   # request: op, payload length; reply: status, payload length
+HEAD = struct.Struct("<II")  # request: op, payload length; reply: status, payload length
 WK_OK, WK_ERROR = 0, 1
-OPS = {"info": 1, "check": 2, "quantize_q8_0": 3, "load": 4, "forward": 5, "reset": 6, "free": 7,
-       "imatrix_start": 8, "imatrix_get": 9, "tok_load": 10, "tok_encode": 11, "tok_decode": 12,
-       "tok_free": 13, "quantize_q4_0": 14, "target_version": 15}
+OPS = {
+    "info": 1,
+    "check": 2,
+    "quantize_q8_0": 3,
+    "load": 4,
+    "forward": 5,
+    "reset": 6,
+    "free": 7,
+    "imatrix_start": 8,
+    "imatrix_get": 9,
+    "tok_load": 10,
+    "tok_encode": 11,
+    "tok_decode": 12,
+    "tok_free": 13,
+    "quantize_q4_0": 14,
+    "target_version": 15,
+}
 U32 = 2**32 - 1
 
 
@@ -67,8 +81,10 @@ def missing_tools() -> str:
     missing = [t for t in (CC, QEMU) if shutil.which(t) is None]
     if not missing:
         return ""
-    return (f"running the aarch64 build under qemu-user needs {' and '.join(missing)}, not found "
-            "(apt-get install gcc-aarch64-linux-gnu qemu-user)")
+    return (
+        f"running the aarch64 build under qemu-user needs {' and '.join(missing)}, not found "
+        "(apt-get install gcc-aarch64-linux-gnu qemu-user)"
+    )
 
 
 def executable() -> Path:
@@ -85,6 +101,7 @@ def worker_executable() -> Path:
     """The worker executable, built (or rebuilt, when a source is newer) first; BackendError with
     the compiler's output if the build fails."""
     from . import build
+
     exe = executable()
     exe.parent.mkdir(parents=True, exist_ok=True)
     # one build at a time, across processes
@@ -110,7 +127,7 @@ class _Buf:
     def take(self, n: int) -> bytes:
         if self.at + n > len(self.data):
             raise BackendError(f"malformed reply from the aarch64 worker ({len(self.data)} bytes)")
-        b = self.data[self.at:self.at + n]
+        b = self.data[self.at : self.at + n]
         self.at += n
         return b
 
@@ -240,7 +257,7 @@ class QemuWorker(Worker):
 
     def __init__(self, lib_path: str | None = None, isa: str | None = "neon", timeout: float = 60.0):
         super().__init__(lib_path or "", isa, timeout)
-        self._vocab: dict[int, int] = {}   # model handle -> vocab, to shape the logits
+        self._vocab: dict[int, int] = {}  # model handle -> vocab, to shape the logits
 
     def start(self) -> dict:
         """Start a fresh worker and return its info (worker.Worker.start's keys); with the cross
@@ -254,8 +271,9 @@ class QemuWorker(Worker):
         self._spawn(cmd)
         self._vocab = {}
         try:
-            st, version, isa, symbols = self._request("start", "info", (self.isa or "",),
-                                                      max(self.timeout, STARTUP_TIMEOUT))
+            st, version, isa, symbols = self._request(
+                "start", "info", (self.isa or "",), max(self.timeout, STARTUP_TIMEOUT)
+            )
         except BackendError as e:  # a crash or a timeout at start: the backend cannot be used
             self.stop()
             raise BackendError(f"the aarch64 worker did not start ({' '.join(cmd)}): {e}") from None
@@ -300,8 +318,9 @@ class QemuWorker(Worker):
         r = _Buf(body)
         result = _decode(op, args, r, self._vocab)
         if r.at != len(body):
-            raise BackendError(f"malformed reply from the aarch64 worker during {desc}: "
-                               f"{len(body) - r.at} trailing bytes")
+            raise BackendError(
+                f"malformed reply from the aarch64 worker during {desc}: {len(body) - r.at} trailing bytes"
+            )
         return result
 
     def _receive(self, desc: str, timeout: float):

@@ -79,6 +79,7 @@ class _Server:
         from cffi import FFI
 
         from . import abi
+
         self.np, self.abi = np, abi
         self.ffi = FFI()
         self.ffi.cdef(abi.CDEF)
@@ -95,13 +96,19 @@ class _Server:
                 st = self.lib.ml_set_isa(isa.encode())
                 if st != abi.ML_OK:
                     isa_error = f"ml_set_isa({isa!r}) returned {abi.status_name(st)}"
-        self.info = {"symbols": self.symbols, "version": self._str("ml_version"), "isa": self._str("ml_isa"),
-                     "isa_error": isa_error, "tables": tables}
+        self.info = {
+            "symbols": self.symbols,
+            "version": self._str("ml_version"),
+            "isa": self._str("ml_isa"),
+            "isa_error": isa_error,
+            "tables": tables,
+        }
 
     def _tables(self) -> list[str]:
         """The kernel tables this library runs on this machine (ml_set_isa accepts them), the
         automatic choice restored after the probe; [] without ml_set_isa and ml_isa."""
         from ..base import NATIVE_ISAS
+
         if not {"ml_set_isa", "ml_isa"} <= set(self.symbols):
             return []
         auto = self.ffi.string(self.lib.ml_isa())
@@ -158,8 +165,13 @@ class _Server:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         vocab = self.lib.ml_vocab(m)
         logits = np.zeros((len(tokens), vocab), dtype=np.float32)
-        st = self.lib.ml_forward(m, self.ffi.from_buffer("int32_t[]", tokens), len(tokens), pos,
-                                 self.ffi.from_buffer("float[]", logits, require_writable=True))
+        st = self.lib.ml_forward(
+            m,
+            self.ffi.from_buffer("int32_t[]", tokens),
+            len(tokens),
+            pos,
+            self.ffi.from_buffer("float[]", logits, require_writable=True),
+        )
         return st, logits
 
     def reset(self, h: int) -> None:
@@ -177,32 +189,51 @@ class _Server:
         q = np.zeros(x.size, dtype=np.int8)
         d = np.zeros(-(-x.size // 32), dtype=np.uint16 if f16 else np.float32)
         ffi = self.ffi
-        st = self.lib.ml_quantize_q8_0(ffi.from_buffer("float[]", x), x.size, int(f16),
-                                       ffi.from_buffer("int8_t[]", q, require_writable=True),
-                                       ffi.from_buffer(d, require_writable=True))
+        st = self.lib.ml_quantize_q8_0(
+            ffi.from_buffer("float[]", x),
+            x.size,
+            int(f16),
+            ffi.from_buffer("int8_t[]", q, require_writable=True),
+            ffi.from_buffer(d, require_writable=True),
+        )
         return st, q, d
 
-    def quantize_q4_0(self, x, rows: int, cols: int, rule: int, f16: bool,
-                      importance) -> tuple[int, Any, Any]:
+    def quantize_q4_0(
+        self, x, rows: int, cols: int, rule: int, f16: bool, importance
+    ) -> tuple[int, Any, Any]:
         np, ffi = self.np, self.ffi
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         qs = np.zeros(x.size // 2, dtype=np.uint8)
         d = np.zeros(max(x.size // 32, 1), dtype=np.uint16 if f16 else np.float32)
-        imp = ffi.NULL if importance is None else ffi.from_buffer(
-            "float[]", np.ascontiguousarray(importance, dtype=np.float32))
-        st = self.lib.ml_quantize_q4_0(ffi.from_buffer("float[]", x), rows, cols, rule, int(f16), imp,
-                                       ffi.from_buffer("uint8_t[]", qs, require_writable=True),
-                                       ffi.from_buffer(d, require_writable=True))
-        return st, qs, d[:x.size // 32]
+        imp = (
+            ffi.NULL
+            if importance is None
+            else ffi.from_buffer("float[]", np.ascontiguousarray(importance, dtype=np.float32))
+        )
+        st = self.lib.ml_quantize_q4_0(
+            ffi.from_buffer("float[]", x),
+            rows,
+            cols,
+            rule,
+            int(f16),
+            imp,
+            ffi.from_buffer("uint8_t[]", qs, require_writable=True),
+            ffi.from_buffer(d, require_writable=True),
+        )
+        return st, qs, d[: x.size // 32]
 
     # -- I2_S (arrays arrive C-contiguous (rows, cols) from the harness side)
     def i2s_quantize(self, w, rows: int, cols: int) -> tuple[int, bytes]:
         np, ffi = self.np, self.ffi
         w = np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
         n = rows * cols // 4 + 32
-        out = np.zeros(n + 64, dtype=np.uint8)   # slack: a library that writes past a refused size
-        st = self.lib.ml_i2s_quantize(ffi.from_buffer("float[]", w), rows, cols,
-                                      ffi.from_buffer("uint8_t[]", out, require_writable=True))
+        out = np.zeros(n + 64, dtype=np.uint8)  # slack: a library that writes past a refused size
+        st = self.lib.ml_i2s_quantize(
+            ffi.from_buffer("float[]", w),
+            rows,
+            cols,
+            ffi.from_buffer("uint8_t[]", out, require_writable=True),
+        )
         return st, out[:n].tobytes()
 
     def i2s_quantize_act(self, x, rows: int, cols: int) -> tuple[int, Any, Any, Any]:
@@ -211,10 +242,14 @@ class _Server:
         q = np.zeros(rows * cols, dtype=np.int8)
         scale = np.zeros(rows, dtype=np.float32)
         total = np.zeros(rows, dtype=np.int32)
-        st = self.lib.ml_i2s_quantize_act(ffi.from_buffer("float[]", x), rows, cols,
-                                          ffi.from_buffer("int8_t[]", q, require_writable=True),
-                                          ffi.from_buffer("float[]", scale, require_writable=True),
-                                          ffi.from_buffer("int32_t[]", total, require_writable=True))
+        st = self.lib.ml_i2s_quantize_act(
+            ffi.from_buffer("float[]", x),
+            rows,
+            cols,
+            ffi.from_buffer("int8_t[]", q, require_writable=True),
+            ffi.from_buffer("float[]", scale, require_writable=True),
+            ffi.from_buffer("int32_t[]", total, require_writable=True),
+        )
         return st, q, scale, total
 
     def i2s_matmul(self, payload, rows: int, cols: int, x, n: int) -> tuple[int, Any]:
@@ -222,9 +257,14 @@ class _Server:
         payload = np.ascontiguousarray(payload, dtype=np.uint8)
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         y = np.zeros(n * rows, dtype=np.float32)
-        st = self.lib.ml_i2s_matmul(ffi.from_buffer("uint8_t[]", payload), rows, cols,
-                                    ffi.from_buffer("float[]", x), n,
-                                    ffi.from_buffer("float[]", y, require_writable=True))
+        st = self.lib.ml_i2s_matmul(
+            ffi.from_buffer("uint8_t[]", payload),
+            rows,
+            cols,
+            ffi.from_buffer("float[]", x),
+            n,
+            ffi.from_buffer("float[]", y, require_writable=True),
+        )
         return st, y.reshape(n, rows)
 
     # -- BitNet GGUF embeddings
@@ -233,8 +273,9 @@ class _Server:
         out = self.ffi.new("ml_embedder **")
         reason = self._reason()
         if reading:
-            st = self.lib.ml_embed_load_reading(os.fsencode(path), threads, reading, out, reason,
-                                                self.abi.REASON_LEN)
+            st = self.lib.ml_embed_load_reading(
+                os.fsencode(path), threads, reading, out, reason, self.abi.REASON_LEN
+            )
         else:
             st = self.lib.ml_embed_load(os.fsencode(path), threads, out, reason, self.abi.REASON_LEN)
         if st != self.abi.ML_OK or out[0] == self.ffi.NULL:
@@ -246,8 +287,14 @@ class _Server:
         np, ffi, e = self.np, self.ffi, self.objects[h]
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         out = np.zeros(self.lib.ml_embed_dim(e), dtype=np.float32)
-        st = self.lib.ml_embed(e, ffi.from_buffer("int32_t[]", tokens), len(tokens), pooling, normalize,
-                               ffi.from_buffer("float[]", out, require_writable=True))
+        st = self.lib.ml_embed(
+            e,
+            ffi.from_buffer("int32_t[]", tokens),
+            len(tokens),
+            pooling,
+            normalize,
+            ffi.from_buffer("float[]", out, require_writable=True),
+        )
         return st, out
 
     def embed_free(self, h: int) -> None:
@@ -287,7 +334,7 @@ class _Server:
                 cap = n_out[0]
                 continue
             break
-        return st, ids[:min(n_out[0], cap)].copy()
+        return st, ids[: min(n_out[0], cap)].copy()
 
     def tok_decode(self, h: int, ids) -> tuple[int, bytes]:
         np, ffi, t = self.np, self.ffi, self.objects[h]
@@ -316,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--isa" in args:
         i = args.index("--isa")
         isa = args[i + 1]
-        del args[i:i + 2]
+        del args[i : i + 2]
     if len(args) != 1:
         _write_msg(wfd, ("fatal", "usage: worker LIBRARY [--isa NAME]"))
         return 1
@@ -349,8 +396,9 @@ def _sanitizer_preload(lib_path: str, mtime: float) -> str:
     """The ASan runtime a library was linked with (build.py --sanitize), or "". It must come first
     in the process, so the worker preloads it: sanitized builds run under lib:PATH like any other."""
     try:
-        r = subprocess.run(["ldd", lib_path], capture_output=True, text=True, encoding="utf-8",
-                           errors="replace", timeout=30)
+        r = subprocess.run(
+            ["ldd", lib_path], capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     m = re.search(r"^\s*libasan\.so[.\d]* => (\S+)", r.stdout, flags=re.M)
@@ -377,7 +425,7 @@ class Worker(Child):
     def __init__(self, lib_path: str, isa: str | None = None, timeout: float = 60.0):
         super().__init__(timeout)
         self.lib_path, self.isa = lib_path, isa
-        self.setup: list[tuple[str, tuple]] = []   # calls made again on every fresh worker
+        self.setup: list[tuple[str, tuple]] = []  # calls made again on every fresh worker
 
     def start(self) -> dict:
         """Start a fresh worker and return its info; BackendError if the library cannot load."""
@@ -445,7 +493,6 @@ class Worker(Child):
         if summary:
             return WorkerCrash(f"{msg}: {summary[-1]}")
         return WorkerCrash(msg + (f"; its stderr: {tail}" if tail else ""))
-
 
 
 if __name__ == "__main__":

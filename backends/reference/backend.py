@@ -11,13 +11,14 @@ from . import i2s, loader, quant
 
 class ReferenceBackend:
     name = "reference"
-    capabilities = frozenset({"load", "quantize_q8_0", "quantize_q4_0", "forward", "load_tokenizer",
-                              "encode", "i2s", "embed"})
+    capabilities = frozenset(
+        {"load", "quantize_q8_0", "quantize_q4_0", "forward", "load_tokenizer", "encode", "i2s", "embed"}
+    )
     description = "the NumPy reference (backends/reference), in-process"
 
     def __init__(self, float_mode: bool = False):
         self.float_mode = float_mode  # float semantics: no activation quantization
-        self.target_version = None    # the Krafla version whose files it reads; None: the newest
+        self.target_version = None  # the Krafla version whose files it reads; None: the newest
 
     def set_target_version(self, version: tuple[int, int, int] | None) -> bool:
         """Read .mlb files as Krafla ``version`` does (specs/mlb_header.yaml `versions`)."""
@@ -32,6 +33,7 @@ class ReferenceBackend:
         from mlconf.tools import mlb  # tools/mlb.py imports this package: import it late
 
         from .forward import Forward, ForwardError
+
         try:
             model = mlb.read(path, self.target_version)
         except mlb.MLBError as e:
@@ -40,6 +42,7 @@ class ReferenceBackend:
 
     def load_tokenizer(self, path: str, model_vocab: int | None = None) -> LoadResult:
         from . import mlt
+
         return mlt.load(path, model_vocab)
 
     def open_tokenizer(self, path: str):
@@ -48,6 +51,7 @@ class ReferenceBackend:
 
         from ..base import InputError
         from .tokenizer import Encoder
+
         try:
             return Encoder(mlt.read(path))
         except mlt.MLTError as e:
@@ -56,8 +60,9 @@ class ReferenceBackend:
     def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
         return quant.q8_0(x, f16=f16)
 
-    def quantize_q4_0(self, x: np.ndarray, rule: str, f16: bool,
-                      importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def quantize_q4_0(
+        self, x: np.ndarray, rule: str, f16: bool, importance: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         if rule == "round":
             if importance is not None:
                 raise Unsupported("the round rule takes no importance weights")
@@ -69,7 +74,7 @@ class ReferenceBackend:
     # -- I2_S (specs/i2s.yaml); I2SError is a ValueError
     def i2s_quantize(self, w: np.ndarray) -> bytes:
         if np.asarray(w).size == 0:
-            raise i2s.I2SError(f"no weights (shape {np.shape(w)})")   # the ABI's rows of 0
+            raise i2s.I2SError(f"no weights (shape {np.shape(w)})")  # the ABI's rows of 0
         return i2s.payload(w)
 
     def i2s_quantize_act(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -86,7 +91,7 @@ class ReferenceBackend:
         if x.shape[-1] != cols:
             raise i2s.I2SError(f"activation width {x.shape[-1]} != weight cols {cols}")
         packed = i2s.split_payload(bytes(payload), (rows, cols))[0]
-        i2s.unpack(packed, rows * cols)   # code 3 is refused (decision i2s.code3), as the ABI's ML_E_FORMAT
+        i2s.unpack(packed, rows * cols)  # code 3 is refused (decision i2s.code3), as the ABI's ML_E_FORMAT
         y = i2s.bitlinear(x, bytes(payload), (rows, cols))
         return y.reshape(*x.shape[:-1], rows)
 
@@ -102,8 +107,9 @@ def _act_shape(x: np.ndarray) -> None:
     if x.ndim not in (1, 2):
         raise i2s.I2SError(f"activations must be 1-D or 2-D, got shape {x.shape}")
     if x.size == 0 or x.shape[-1] % i2s.BLOCK:
-        raise i2s.I2SError(f"shape {x.shape}: rows > 0 and a width that is a positive multiple of "
-                           f"{i2s.BLOCK} required")
+        raise i2s.I2SError(
+            f"shape {x.shape}: rows > 0 and a width that is a positive multiple of {i2s.BLOCK} required"
+        )
 
 
 class Embedder:
@@ -111,6 +117,7 @@ class Embedder:
 
     def __init__(self, path: str, reading: str | None = None):
         from . import bitnet
+
         if reading not in READINGS:
             raise InputError(f"reading {reading!r} is not one of {READINGS}")
         self.path = str(path)
@@ -123,16 +130,20 @@ class Embedder:
             raise InputError(f"{self.path}: cannot be read: {e}") from None
         except (ValueError, KeyError, IndexError, TypeError, EOFError) as e:
             # what gguf-py raises on a damaged file (a truncated one: a tensor cut short)
-            raise InputError(f"{self.path}: not a readable BitNet GGUF (truncated or damaged?): "
-                             f"{type(e).__name__}: {e}") from None
+            raise InputError(
+                f"{self.path}: not a readable BitNet GGUF (truncated or damaged?): {type(e).__name__}: {e}"
+            ) from None
         self.vocab, self.dim = int(emb.shape[0]), int(self.model.hp["dim"])
         self.reading = reading or self.model.reading
         if self.reading == "ternary" and not self.model.norm_in:
-            raise InputError(f"{self.path}: reading ternary needs a BitNet student (per-projection norms); "
-                             "this GGUF is a plain model (a float teacher): read it as float")
+            raise InputError(
+                f"{self.path}: reading ternary needs a BitNet student (per-projection norms); "
+                "this GGUF is a plain model (a float teacher): read it as float"
+            )
 
     def embed(self, tokens: np.ndarray, pooling: str | None = None, normalize: bool = False) -> np.ndarray:
         from . import bitnet
+
         t = token_array(tokens)
         if t.size == 0:
             raise InputError("no tokens")

@@ -62,10 +62,10 @@ class Linear:
     """One projection: float weight (rows, cols) and/or the I2_S payload."""
 
     shape: tuple[int, int]
-    weight: np.ndarray | None = None      # f32 weight as stored (dequantized for I2_S)
-    payload: bytes | None = None          # I2_S bytes (codes + 32-byte tail) used by the BitLinear path
-    f16: bool = False                     # stored as F16: the float reading rounds activations to f16
-    i2s: bool = False                     # stored as I2_S
+    weight: np.ndarray | None = None  # f32 weight as stored (dequantized for I2_S)
+    payload: bytes | None = None  # I2_S bytes (codes + 32-byte tail) used by the BitLinear path
+    f16: bool = False  # stored as F16: the float reading rounds activations to f16
+    i2s: bool = False  # stored as I2_S
 
     def runtime_payload(self) -> bytes:
         if self.payload is None:
@@ -73,7 +73,7 @@ class Linear:
         return self.payload
 
     def __call__(self, x: np.ndarray, reading: str) -> np.ndarray:
-        if not np.isfinite(x).all():   # as ml_embed (decision forward.nonfinite)
+        if not np.isfinite(x).all():  # as ml_embed (decision forward.nonfinite)
             raise NumericError("non-finite activation (the model's values overflow float32)")
         if reading == "float":
             if self.f16:
@@ -86,9 +86,9 @@ class Linear:
 class BitnetModel:
     arch: str
     hp: dict
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)   # 1-D/2-D float tensors
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)  # 1-D/2-D float tensors
     linears: dict[str, Linear] = field(default_factory=dict)
-    norm_in: bool = True     # the per-projection norms are there (a BitNet student)
+    norm_in: bool = True  # the per-projection norms are there (a BitNet student)
 
     @property
     def reading(self) -> str:
@@ -109,7 +109,8 @@ def load_gguf(path) -> BitnetModel:
 
     from mlconf.tools.convert_bitnet import register_i2s
     from mlconf.tools.files import check_regular
-    why = check_regular(path)        # gguf-py maps the path: a FIFO would block (loader.special_files)
+
+    why = check_regular(path)  # gguf-py maps the path: a FIFO would block (loader.special_files)
     if why:
         raise BitnetError(f"{path}: cannot open: {why}")
     i2s_type = register_i2s()
@@ -120,23 +121,27 @@ def load_gguf(path) -> BitnetModel:
     k = lambda s, d=None: _field(r, f"{arch}.{s}", d)  # noqa: E731
     dim = int(k("embedding_length"))
     n_heads = int(k("attention.head_count"))
-    hp = dict(dim=dim, n_layers=int(k("block_count")), n_heads=n_heads,
-              n_kv=int(k("attention.head_count_kv", n_heads)),
-              head_dim=int(k("attention.key_length", dim // n_heads)),
-              eps=float(k("attention.layer_norm_rms_epsilon")),
-              rope_base=float(k("rope.freq_base", 10000.0)),
-              rope_base_swa=k("rope.freq_base_swa"),
-              window=k("attention.sliding_window"),
-              pattern=k("attention.sliding_window_pattern"),
-              qpas=k("attention.query_pre_attn_scalar"),
-              pooling=_POOL_IDS.get(k("pooling_type", 0)))
+    hp = dict(
+        dim=dim,
+        n_layers=int(k("block_count")),
+        n_heads=n_heads,
+        n_kv=int(k("attention.head_count_kv", n_heads)),
+        head_dim=int(k("attention.key_length", dim // n_heads)),
+        eps=float(k("attention.layer_norm_rms_epsilon")),
+        rope_base=float(k("rope.freq_base", 10000.0)),
+        rope_base_swa=k("rope.freq_base_swa"),
+        window=k("attention.sliding_window"),
+        pattern=k("attention.sliding_window_pattern"),
+        qpas=k("attention.query_pre_attn_scalar"),
+        pooling=_POOL_IDS.get(k("pooling_type", 0)),
+    )
     m = BitnetModel(arch, hp)
     for t in r.tensors:
         name = t.name
         if t.tensor_type == i2s_type:
             cols, rows = int(t.shape[0]), int(t.shape[1])
             n = rows * cols // 4 + i2s.TAIL
-            data = bytes(r.data[t.data_offset:t.data_offset + n])
+            data = bytes(r.data[t.data_offset : t.data_offset + n])
             try:
                 d = i2s.split_payload(data, (rows, cols))[1]
                 w = i2s.dequantize(data, (rows, cols))
@@ -149,12 +154,15 @@ def load_gguf(path) -> BitnetModel:
             a = np.array(t.data, dtype=F32)
             bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
             if bad.size:
-                raise BitnetError(f"{path}: tensor {name}: non-finite value {a.reshape(-1)[bad[0]]} at "
-                                  f"flat index {int(bad[0])}")
+                raise BitnetError(
+                    f"{path}: tensor {name}: non-finite value {a.reshape(-1)[bad[0]]} at "
+                    f"flat index {int(bad[0])}"
+                )
             base = name.removesuffix(".weight")
             if a.ndim == 2 and base.split(".")[-1] in PROJ:
-                m.linears[base] = Linear((a.shape[0], a.shape[1]), a,
-                                         f16=t.tensor_type == gguf.GGMLQuantizationType.F16)
+                m.linears[base] = Linear(
+                    (a.shape[0], a.shape[1]), a, f16=t.tensor_type == gguf.GGMLQuantizationType.F16
+                )
             else:
                 m.tensors[name] = a
         else:
@@ -164,8 +172,10 @@ def load_gguf(path) -> BitnetModel:
     have = [w for w in wanted if w in m.tensors]
     if have and len(have) < len(wanted):
         missing = next(w for w in wanted if w not in m.tensors)
-        raise BitnetError(f"{path}: missing tensor {missing}: a BitNet GGUF has a per-projection norm "
-                          "for every projection or none")
+        raise BitnetError(
+            f"{path}: missing tensor {missing}: a BitNet GGUF has a per-projection norm "
+            "for every projection or none"
+        )
     m.norm_in = bool(have)
     return m
 
@@ -182,8 +192,13 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float) -> np.ndarray:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(F32)
 
 
-def embed(model: BitnetModel, tokens, pooling: str | None = None, normalize: bool = False,
-          reading: str | None = None) -> np.ndarray:
+def embed(
+    model: BitnetModel,
+    tokens,
+    pooling: str | None = None,
+    normalize: bool = False,
+    reading: str | None = None,
+) -> np.ndarray:
     """Pooled embedding (dim,) float32 of the token ids, in ``reading`` (None: the file's own;
     see the module docstring)."""
     m, hp, T = model, model.hp, model.tensors
@@ -191,8 +206,10 @@ def embed(model: BitnetModel, tokens, pooling: str | None = None, normalize: boo
     if reading not in READINGS:
         raise BitnetError(f"reading {reading!r} is not one of {', '.join(READINGS)}")
     if reading == "ternary" and not m.norm_in:
-        raise BitnetError("reading ternary needs a BitNet student (per-projection norms); this GGUF is a "
-                          "plain model (a float teacher): read it as float")
+        raise BitnetError(
+            "reading ternary needs a BitNet student (per-projection norms); this GGUF is a "
+            "plain model (a float teacher): read it as float"
+        )
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if tokens.size == 0:
         raise BitnetError("no tokens")

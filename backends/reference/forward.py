@@ -48,6 +48,7 @@ def rope_inv_freq(h: dict, rot_dim: int, local: bool) -> np.ndarray:
 
         def d(r: float) -> float:
             return rot_dim * portable.ln(orig / (2 * math.pi * r)) / (2 * portable.ln(base))
+
         lo = max(math.floor(d(beta_fast)), 0)
         hi = min(math.ceil(d(beta_slow)), rot_dim - 1)
         if hi == lo:
@@ -105,10 +106,10 @@ class State:
     """KV cache (attention layers) and conv inputs + recurrent state (linear layers)."""
 
     filled: int = 0
-    k: dict[int, np.ndarray] = field(default_factory=dict)      # layer -> (ctx, n_kv, head_dim)
+    k: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (ctx, n_kv, head_dim)
     v: dict[int, np.ndarray] = field(default_factory=dict)
-    conv: dict[int, np.ndarray] = field(default_factory=dict)   # layer -> (lin_conv - 1, channels)
-    S: dict[int, np.ndarray] = field(default_factory=dict)      # layer -> (V, dk, dv) float32
+    conv: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (lin_conv - 1, channels)
+    S: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (V, dk, dv) float32
 
 
 class Forward:
@@ -123,7 +124,7 @@ class Forward:
         self._w: dict[str, tuple] = {}
         self.state = State()
         self.imatrix: Imatrix | None = None  # set by start_imatrix: sums of squared matmul inputs
-        self._pos = 0                        # the first position of the forward call under way
+        self._pos = 0  # the first position of the forward call under way
 
     def start_imatrix(self) -> Imatrix:
         """Accumulate the MLI1 sums (seed: "Importance matrix file") over every later forward."""
@@ -156,12 +157,15 @@ class Forward:
             if self.float_mode:
                 self._w[name] = (quant.dequantize(fmt, q, d),)
             else:
-                levels = (np.asarray(q, dtype=F32) if fmt == "Q8_0"
-                          else quant.unpack_nibbles(np.asarray(q)).astype(F32))
+                levels = (
+                    np.asarray(q, dtype=F32)
+                    if fmt == "Q8_0"
+                    else quant.unpack_nibbles(np.asarray(q)).astype(F32)
+                )
                 rows = q.shape[0]
                 nb = d.shape[1]
                 lv = levels.reshape(rows, nb, 32).transpose(1, 2, 0).copy()  # (nb, 32, rows)
-                self._w[name] = (lv, np.asarray(d, dtype=F32))            # d: (rows, nb)
+                self._w[name] = (lv, np.asarray(d, dtype=F32))  # d: (rows, nb)
         return self._w[name]
 
     def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -173,15 +177,17 @@ class Forward:
         bad = ~np.isfinite(x)
         if bad.any():  # decision forward.nonfinite: the quantizer's rule has no meaning for it
             t, c = (int(v) for v in np.argwhere(bad)[0])
-            raise NumericError(f"{self.m.path}: non-finite activation {float(x[t, c])!r} at position "
-                               f"{self._pos + t}, element {c} of the input of {name} (decision "
-                               f"forward.nonfinite)")
+            raise NumericError(
+                f"{self.m.path}: non-finite activation {float(x[t, c])!r} at position "
+                f"{self._pos + t}, element {c} of the input of {name} (decision "
+                f"forward.nonfinite)"
+            )
         xq, xd = quant.q8_0(np.ascontiguousarray(x, dtype=F32))
         t, cols = x.shape
         xb = xq.astype(F32).reshape(t, cols // 32, 32)
         y = np.zeros((t, lv.shape[2]), F32)
         for b in range(cols // 32):  # block order fixed, so a row's result does not depend on T
-            isum = xb[:, b, :] @ lv[b]                   # integer block sums, exact in float32
+            isum = xb[:, b, :] @ lv[b]  # integer block sums, exact in float32
             y += isum * (xd[:, b, None] * dw[None, :, b])
         return y
 
@@ -221,10 +227,10 @@ class Forward:
         if i not in st.k:
             st.k[i] = np.zeros((self.ctx, nkv, hd), F32)
             st.v[i] = np.zeros((self.ctx, nkv, hd), F32)
-        st.k[i][pos: pos + t], st.v[i][pos: pos + t] = k, v
+        st.k[i][pos : pos + t], st.v[i][pos : pos + t] = k, v
         keys, vals = st.k[i][: pos + t], st.v[i][: pos + t]
         group = nh // nkv
-        keys = np.repeat(keys, group, axis=1)                      # (P, nh, hd)
+        keys = np.repeat(keys, group, axis=1)  # (P, nh, hd)
         vals = np.repeat(vals, group, axis=1)
         scale = h["attn_scale"] or 1 / math.sqrt(hd)
         s = portable.matmul(q.transpose(1, 0, 2), keys.transpose(1, 0, 2)) * F32(scale)  # (nh, T, P)
@@ -254,22 +260,22 @@ class Forward:
         a = self.matmul(p + "la", hn)
         st = self.state
         prev = st.conv.get(i, np.zeros((kc - 1, c.shape[1]), F32))
-        padded = np.concatenate([prev, c], axis=0)                  # (kc - 1 + T, channels)
-        w = self._arr(p + "lconv")                                 # (channels, kc)
+        padded = np.concatenate([prev, c], axis=0)  # (kc - 1 + T, channels)
+        w = self._arr(p + "lconv")  # (channels, kc)
         u = np.zeros_like(c)
         for tap in range(kc):
-            u += w[:, tap] * padded[tap: tap + t]
-        st.conv[i] = padded[len(padded) - (kc - 1):] if kc > 1 else prev
+            u += w[:, tap] * padded[tap : tap + t]
+        st.conv[i] = padded[len(padded) - (kc - 1) :] if kc > 1 else prev
         u = silu(u)
         q = u[:, : K * dk].reshape(t, K, dk)
-        k = u[:, K * dk: 2 * K * dk].reshape(t, K, dk)
-        v = u[:, 2 * K * dk:].reshape(t, V, dv)
+        k = u[:, K * dk : 2 * K * dk].reshape(t, K, dk)
+        v = u[:, 2 * K * dk :].reshape(t, V, dv)
         q = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + F32(1e-6))
         k = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + F32(1e-6))
         q = q / F32(math.sqrt(dk))
         rep = V // K
         q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)  # value head h uses h // rep
-        beta = sigmoid(b)                                           # (T, V)
+        beta = sigmoid(b)  # (T, V)
         g = -portable.exp(self._arr(p + "A_log")) * softplus(a + self._arr(p + "dt_bias"))
         S = st.S.get(i, np.zeros((V, dk, dv), F32))
         out = np.empty((t, V, dv), F32)
@@ -304,8 +310,9 @@ class Forward:
         bad = (tokens < 0) | (tokens >= h["vocab"])
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
-            raise ForwardError(f"{name}: token {int(tokens[j])} at index {j} is outside "
-                               f"0..{h['vocab'] - 1} (vocab)")
+            raise ForwardError(
+                f"{name}: token {int(tokens[j])} at index {j} is outside 0..{h['vocab'] - 1} (vocab)"
+            )
         if pos < 0:
             raise ForwardError(f"{name}: pos {pos} is negative")
         if pos + len(tokens) > self.ctx:
@@ -313,8 +320,10 @@ class Forward:
         linear = self._has_linear()
         if pos > self.state.filled or (linear and pos != self.state.filled):
             need = "equal to" if linear else "at most"
-            raise ForwardError(f"{name}: pos {pos} must be {need} the {self.state.filled} positions "
-                               f"already fed (reset() to start over)")
+            raise ForwardError(
+                f"{name}: pos {pos} must be {need} the {self.state.filled} positions "
+                f"already fed (reset() to start over)"
+            )
 
     def _has_linear(self) -> bool:
         return self.m.flags is not None and any(f & 8 for f in self.m.flags)
@@ -327,7 +336,7 @@ class Forward:
         self._check(tokens, pos)
         self._pos = pos
         try:
-            with np.errstate(all="ignore"):   # a NaN or inf is judged, not warned of
+            with np.errstate(all="ignore"):  # a NaN or inf is judged, not warned of
                 return self._forward(tokens, pos)
         except NumericError:
             if self._has_linear():

@@ -39,7 +39,7 @@ class VocabError(ValueError):
 @dataclass
 class Vocab:
     path: str
-    model: str                     # tokenizer.ggml.model: "gpt2" or "llama"
+    model: str  # tokenizer.ggml.model: "gpt2" or "llama"
     pre: str
     tokens: list[str]
     types: list[int]
@@ -50,7 +50,7 @@ class Vocab:
     add_bos: bool = False
     add_eos: bool = False
     add_space_prefix: bool = True
-    cache: dict = field(default_factory=dict, repr=False)   # the encoder built on first use
+    cache: dict = field(default_factory=dict, repr=False)  # the encoder built on first use
 
 
 def read(path: str) -> Vocab:
@@ -60,10 +60,11 @@ def read(path: str) -> Vocab:
 
     from mlconf.tools.convert_bitnet import register_i2s
     from mlconf.tools.files import check_regular
-    why = check_regular(path)     # gguf-py maps the path: a FIFO would block (loader.special_files)
+
+    why = check_regular(path)  # gguf-py maps the path: a FIFO would block (loader.special_files)
     if why:
         raise VocabError(f"{path}: cannot open: {why}")
-    register_i2s()   # gguf-py learns the I2_S tensor type (36), else it refuses the file
+    register_i2s()  # gguf-py learns the I2_S tensor type (36), else it refuses the file
     try:
         r = gguf.GGUFReader(path)
     except OSError:
@@ -77,22 +78,37 @@ def read(path: str) -> Vocab:
 
     model = get("model")
     if model not in ("gpt2", "llama"):
-        raise VocabError(f"{path}: tokenizer.ggml.model {model!r}: --text supports gpt2 (byte-level BPE) and "
-                         "llama (SentencePiece) vocabularies; give --tokens")
-    v = Vocab(str(path), model, get("pre", "default"), list(get("tokens", [])),
-              [int(t) for t in get("token_type", [])], [float(s) for s in get("scores", [])],
-              list(get("merges", [])), get("bos_token_id"), get("eos_token_id"),
-              bool(get("add_bos_token", False)), bool(get("add_eos_token", False)),
-              bool(get("add_space_prefix", model == "llama")))
+        raise VocabError(
+            f"{path}: tokenizer.ggml.model {model!r}: --text supports gpt2 (byte-level BPE) and "
+            "llama (SentencePiece) vocabularies; give --tokens"
+        )
+    v = Vocab(
+        str(path),
+        model,
+        get("pre", "default"),
+        list(get("tokens", [])),
+        [int(t) for t in get("token_type", [])],
+        [float(s) for s in get("scores", [])],
+        list(get("merges", [])),
+        get("bos_token_id"),
+        get("eos_token_id"),
+        bool(get("add_bos_token", False)),
+        bool(get("add_eos_token", False)),
+        bool(get("add_space_prefix", model == "llama")),
+    )
     if len(v.types) != len(v.tokens):
-        raise VocabError(f"{path}: tokenizer.ggml.token_type has {len(v.types)} entries for "
-                         f"{len(v.tokens)} tokens")
+        raise VocabError(
+            f"{path}: tokenizer.ggml.token_type has {len(v.types)} entries for {len(v.tokens)} tokens"
+        )
     if model == "gpt2" and v.pre not in PRE_FLAGS:
-        raise VocabError(f"{path}: tokenizer.ggml.pre {v.pre!r} has no pre-tokenizer here (known: "
-                         f"{', '.join(PRE_FLAGS)}); give --tokens (e.g. from `mlconf encode`)")
+        raise VocabError(
+            f"{path}: tokenizer.ggml.pre {v.pre!r} has no pre-tokenizer here (known: "
+            f"{', '.join(PRE_FLAGS)}); give --tokens (e.g. from `mlconf encode`)"
+        )
     if model == "llama" and len(v.scores) != len(v.tokens):
-        raise VocabError(f"{path}: tokenizer.ggml.scores has {len(v.scores)} entries for {len(v.tokens)} "
-                         "tokens")
+        raise VocabError(
+            f"{path}: tokenizer.ggml.scores has {len(v.scores)} entries for {len(v.tokens)} tokens"
+        )
     for key in ("bos", "eos"):
         if getattr(v, f"add_{key}") and getattr(v, key) is None:
             raise VocabError(f"{path}: tokenizer.ggml.add_{key}_token is true but {key}_token_id is absent")
@@ -139,15 +155,16 @@ def _bpe_encoder(v: Vocab) -> Encoder:
     for piece, typ in zip(v.tokens, v.types, strict=True):
         if typ in (TYPE_CONTROL, TYPE_USER_DEFINED):
             tokens.append((mlt.ATTR_ADDED, piece.encode("utf-8")))
-        else:   # byte-level spelling -> bytes (an unused [PADn] keeps its characters' bytes)
+        else:  # byte-level spelling -> bytes (an unused [PADn] keeps its characters' bytes)
             tokens.append((mlt.ATTR_PLAIN, bytes(CHAR_TO_BYTE.get(c, 0) for c in piece)))
     ids = {p: i for i, p in reversed(list(enumerate(v.tokens)))}
     merges = []
     for rank, m in enumerate(v.merges):
         left, _, right = m.partition(" ")
         if left not in ids or right not in ids or left + right not in ids:
-            raise VocabError(f"{v.path}: tokenizer.ggml.merges[{rank}] {m!r} names a piece not in the "
-                             "vocabulary")
+            raise VocabError(
+                f"{v.path}: tokenizer.ggml.merges[{rank}] {m!r} names a piece not in the vocabulary"
+            )
         merges.append((ids[left], ids[right], ids[left + right]))
     tok = mlt.Tokenizer(kind=mlt.KIND_BYTE_LEVEL, flags=PRE_FLAGS[v.pre], tokens=tokens, merges=merges)
     return Encoder(tok)
@@ -157,8 +174,11 @@ def _bpe_encoder(v: Vocab) -> Encoder:
 def _specials(v: Vocab) -> list[tuple[str, int]]:
     """(text, id) of the tokens matched literally in the text: CONTROL and USER_DEFINED, longest
     first (then lower id)."""
-    out = [(t, i) for i, (t, ty) in enumerate(zip(v.tokens, v.types, strict=True))
-           if ty in (TYPE_CONTROL, TYPE_USER_DEFINED) and t]
+    out = [
+        (t, i)
+        for i, (t, ty) in enumerate(zip(v.tokens, v.types, strict=True))
+        if ty in (TYPE_CONTROL, TYPE_USER_DEFINED) and t
+    ]
     return sorted(out, key=lambda p: (-len(p[0]), p[1]))
 
 
@@ -184,7 +204,7 @@ def _partition(text: str, specials: list[tuple[str, int]]) -> list[str | int]:
 
 def _encode_spm(v: Vocab, text: str) -> list[int]:
     if "spm" not in v.cache:
-        ids = {t: i for i, t in enumerate(v.tokens)}   # as llama.cpp's token_to_id: a repeat -> its last id
+        ids = {t: i for i, t in enumerate(v.tokens)}  # as llama.cpp's token_to_id: a repeat -> its last id
         byte_ids = {}
         for b in range(256):
             t = ids.get(f"<0x{b:02X}>")
@@ -212,11 +232,11 @@ def _spm_fragment(s: str, ids: dict[str, int], scores: list[float], byte_ids: di
     """llama.cpp's llm_tokenizer_spm on one fragment (spaces already U+2581)."""
     if not s:
         return []
-    sym: list[str | None] = list(s)        # one symbol per character; None once merged away
+    sym: list[str | None] = list(s)  # one symbol per character; None once merged away
     prev = list(range(-1, len(sym) - 1))
     nxt = list(range(1, len(sym) + 1))
     nxt[-1] = -1
-    heap: list[tuple[float, int, int, str]] = []   # (-score, left index, right index, text)
+    heap: list[tuple[float, int, int, str]] = []  # (-score, left index, right index, text)
     rev: dict[str, tuple[str, str]] = {}
 
     def bigram(a: int, b: int) -> None:
@@ -234,7 +254,7 @@ def _spm_fragment(s: str, ids: dict[str, int], scores: list[float], byte_ids: di
     while heap:
         _, a, b, t = heapq.heappop(heap)
         if sym[a] is None or sym[b] is None or sym[a] + sym[b] != t or nxt[a] != b:
-            continue   # outdated: one side was merged since
+            continue  # outdated: one side was merged since
         sym[a], sym[b] = t, None
         nxt[a] = nxt[b]
         if nxt[b] >= 0:

@@ -73,12 +73,13 @@ def _pairwise_chunks(a: np.ndarray) -> np.ndarray:
     """pairwise_sum of every row of a (k, 8192) float32 array at once. 8192 halves down to 64
     leaves of 128 (each a multiple of 8), so the tree is perfect: the leaves' eight-accumulator
     sums, then adjacent pairs level by level, the same float32 additions in the same order."""
-    leaves = a.reshape(a.shape[0], -1, PAIRWISE_LEAF // 8, 8)           # (k, 64, 16, 8)
+    leaves = a.reshape(a.shape[0], -1, PAIRWISE_LEAF // 8, 8)  # (k, 64, 16, 8)
     acc = leaves[:, :, 0]
     for i in range(1, leaves.shape[2]):
         acc = (acc + leaves[:, :, i]).astype(F32)
-    s = ((acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])) + \
-        ((acc[..., 4] + acc[..., 5]) + (acc[..., 6] + acc[..., 7]))      # (k, 64), float32 throughout
+    s = ((acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])) + (
+        (acc[..., 4] + acc[..., 5]) + (acc[..., 6] + acc[..., 7])
+    )  # (k, 64), float32 throughout
     while s.shape[1] > 1:
         s = (s[:, 0::2] + s[:, 1::2]).astype(F32)
     return s[:, 0]
@@ -93,7 +94,7 @@ def abs_mean(w: np.ndarray) -> np.float32:
     full = a.size // NUMPY_BUFSIZE
     parts = list(_pairwise_chunks(a[: full * NUMPY_BUFSIZE].reshape(full, NUMPY_BUFSIZE))) if full else []
     if a.size % NUMPY_BUFSIZE:
-        parts.append(pairwise_sum(a[full * NUMPY_BUFSIZE:]))
+        parts.append(pairwise_sum(a[full * NUMPY_BUFSIZE :]))
     s = F32(0)
     for p in parts:
         s = F32(s + p)
@@ -105,7 +106,7 @@ def ternarize(w: np.ndarray) -> tuple[np.ndarray, float]:
     BitNet's embedding converter (quantize_to_i2_s) under its pinned NumPy 1.26."""
     w = _weights(w)
     m = abs_mean(w)
-    d = m if float(m) >= MEAN_FLOOR else F32(MEAN_FLOOR)   # the stored scale: the (floored) mean
+    d = m if float(m) >= MEAN_FLOOR else F32(MEAN_FLOOR)  # the stored scale: the (floored) mean
     s = F32(F32(1) / d)
     q = np.clip(np.rint(w * s), -1, 1).astype(np.int8)  # rint: half to even, as np.round
     return q, float(d)

@@ -36,8 +36,7 @@ def header_dtype() -> np.dtype:
         names.append(f["name"])
         formats.append(_NP_TYPES.get(f["type"], ("u1", (f.get("size", 0),))))
         offsets.append(f["offset"])
-    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
-                     "itemsize": spec["size"]})
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": spec["size"]})
 
 
 @cache
@@ -103,10 +102,10 @@ def derive(h: dict) -> dict:
 class Array:
     """One array of the body. A quantized matrix is two of these: ``<name>.q`` then ``<name>.d``."""
 
-    name: str           # e.g. "layers.0.wq.q", "tok_emb.d", "final_norm"
-    fmt: str            # U8 | F32 | Q8_0 | Q4_0 (the format of the matrix the part belongs to)
-    part: str           # "" for plain arrays, "q" or "d" for the parts of a matrix
-    dtype: str          # NumPy dtype string of the stored elements
+    name: str  # e.g. "layers.0.wq.q", "tok_emb.d", "final_norm"
+    fmt: str  # U8 | F32 | Q8_0 | Q4_0 (the format of the matrix the part belongs to)
+    part: str  # "" for plain arrays, "q" or "d" for the parts of a matrix
+    dtype: str  # NumPy dtype string of the stored elements
     shape: tuple[int, ...]
     offset: int
 
@@ -117,7 +116,7 @@ class Array:
     @property
     def matrix(self) -> str:
         """The matrix name without the part suffix."""
-        return self.name[: -2] if self.part else self.name
+        return self.name[:-2] if self.part else self.name
 
 
 def align(n: int) -> int:

@@ -28,10 +28,11 @@ class Context:
     use, so each check sees only what the rules before it (in the spec's order) made safe to read:
     the header once the file holds 256 bytes, the flags once layer_flags is known to be 1."""
 
-    def __init__(self, path: str = "", size: int = 0, head: bytes = b"",
-                 version: specs.Version | None = None):
+    def __init__(
+        self, path: str = "", size: int = 0, head: bytes = b"", version: specs.Version | None = None
+    ):
         self.path, self.size, self.head = path, size, head
-        self.version = version   # the Krafla version to read the file as; None: the newest
+        self.version = version  # the Krafla version to read the file as; None: the newest
 
     @classmethod
     def of_header(cls, h: dict, flags: bytes | None) -> Context:
@@ -75,6 +76,7 @@ def rule(*ids: str):
         for i in ids:
             RULES[i] = fn
         return fn
+
     return register
 
 
@@ -126,7 +128,7 @@ def _target(since: specs.Version, c: Context) -> str:
 @rule("format.padding")
 def _padding(c: Context):
     for name, (off, since) in specs.feature_versions()["fields"].items():
-        if _later(since, c) and any(c.head[off: off + 4]):   # padding for an older version
+        if _later(since, c) and any(c.head[off : off + 4]):  # padding for an older version
             return f"{_field(name, c.h)} must be zero (header padding): {_target(since, c)}"
     pad = c.h["padding"]
     nz = [i for i, b in enumerate(pad) if b]
@@ -157,6 +159,7 @@ def _positive_finite(name: str, rule_text: str) -> Check:
     def check(c: Context):
         v = c.h[name]
         return None if _finite(v) and v > 0 else f"{_field(name, c.h)}: {rule_text}"
+
     return check
 
 
@@ -164,6 +167,7 @@ def _nonneg_finite(name: str) -> Check:
     def check(c: Context):
         v = c.h[name]
         return None if _finite(v) and v >= 0 else f"{_field(name, c.h)} must be finite and >= 0"
+
     return check
 
 
@@ -180,18 +184,22 @@ def _rope_type(c: Context):
 def _for_rope(kind: int, inner: Check) -> Check:
     def check(c: Context):
         return inner(c) if c.h["rope_type"] == kind else None
+
     return check
 
 
 RULES["format.llama3.factor"] = _for_rope(1, _positive_finite("rope_factor", "llama3 needs rope_factor > 0"))
 RULES["format.llama3.low_freq_factor"] = _for_rope(
-    1, _positive_finite("rope_low_freq_factor", "llama3 needs rope_low_freq_factor > 0"))
+    1, _positive_finite("rope_low_freq_factor", "llama3 needs rope_low_freq_factor > 0")
+)
 RULES["format.linear.factor"] = _for_rope(2, _positive_finite("rope_factor", "linear needs rope_factor > 0"))
 RULES["format.yarn.factor"] = _for_rope(3, _positive_finite("rope_factor", "yarn needs rope_factor > 0"))
 RULES["format.yarn.beta_slow"] = _for_rope(
-    3, _positive_finite("rope_high_freq_factor", "yarn needs beta_slow (rope_high_freq_factor) > 0"))
+    3, _positive_finite("rope_high_freq_factor", "yarn needs beta_slow (rope_high_freq_factor) > 0")
+)
 RULES["format.yarn.attn_factor"] = _for_rope(
-    3, _positive_finite("rope_attn_factor", "yarn needs rope_attn_factor > 0"))
+    3, _positive_finite("rope_attn_factor", "yarn needs rope_attn_factor > 0")
+)
 
 
 @rule("format.llama3.high_freq_factor")
@@ -201,8 +209,14 @@ def _llama3_high(c: Context):
         return None
     hi, lo = h["rope_high_freq_factor"], h["rope_low_freq_factor"]
     ok = _finite(hi) and hi > lo
-    return None if ok else (f"{_field('rope_high_freq_factor', h)}: llama3 needs a finite value "
-                            f"> rope_low_freq_factor = {lo!r}")
+    return (
+        None
+        if ok
+        else (
+            f"{_field('rope_high_freq_factor', h)}: llama3 needs a finite value "
+            f"> rope_low_freq_factor = {lo!r}"
+        )
+    )
 
 
 @rule("format.yarn.beta_order")
@@ -212,8 +226,11 @@ def _yarn_order(c: Context):
         return None
     fast, slow = h["rope_low_freq_factor"], h["rope_high_freq_factor"]
     ok = _finite(fast) and slow < fast
-    return None if ok else (f"{_field('rope_low_freq_factor', h)}: yarn needs a finite beta_fast "
-                            f"> beta_slow = {slow!r}")
+    return (
+        None
+        if ok
+        else (f"{_field('rope_low_freq_factor', h)}: yarn needs a finite beta_fast > beta_slow = {slow!r}")
+    )
 
 
 def _orig(kind: int, label: str) -> Check:
@@ -221,6 +238,7 @@ def _orig(kind: int, label: str) -> Check:
         if c.h["rope_type"] == kind and c.h["rope_orig_max_seq"] == 0:
             return f"{_field('rope_orig_max_seq', c.h)}: {label} needs rope_orig_max_seq > 0"
         return None
+
     return check
 
 
@@ -239,6 +257,7 @@ def _attn_factor(c: Context):
 def _bool(name: str) -> Check:
     def check(c: Context):
         return None if c.h[name] in (0, 1) else f"{_field(name, c.h)} must be 0 or 1"
+
     return check
 
 
@@ -261,12 +280,14 @@ def _window(c: Context):
 def _nonzero(name: str) -> Check:
     def check(c: Context):
         return None if c.h[name] else f"{_field(name, c.h)} must not be zero"
+
     return check
 
 
 def _limit(name: str, lim: int, text: str) -> Check:
     def check(c: Context):
         return None if c.h[name] <= lim else f"{_field(name, c.h)} is above the limit {text}"
+
     return check
 
 
@@ -281,6 +302,7 @@ RULES["shape.limit.max_seq"] = _limit("max_seq", LIMITS["max_seq"], "2^24")
 def _multiple_32(name: str) -> Check:
     def check(c: Context):
         return None if c.h[name] % 32 == 0 else f"{_field(name, c.h)} is not a multiple of 32"
+
     return check
 
 
@@ -299,8 +321,11 @@ def _heads_dim(c: Context):
 @rule("shape.kv_divide_heads")
 def _kv(c: Context):
     h = c.h
-    return None if h["n_heads"] % h["n_kv_heads"] == 0 else \
-        f"{_field('n_kv_heads', h)} does not divide n_heads = {h['n_heads']}"
+    return (
+        None
+        if h["n_heads"] % h["n_kv_heads"] == 0
+        else f"{_field('n_kv_heads', h)} does not divide n_heads = {h['n_heads']}"
+    )
 
 
 @rule("shape.odd_head_dim")
@@ -344,29 +369,36 @@ def _each_flag(test: Callable[[int], bool], text: str) -> Check:
             if test(b):
                 return f"layer flag byte of layer {i} (offset {256 + i}) = {b:#04x}: {text}"
         return None
+
     return check
 
 
 @rule("format.layer.unknown_bits")
 def _flag_bits(c: Context):
     later = {v: s for v, s in specs.feature_versions()["layer_flag_bits"].items() if _later(s, c)}
-    text = "bits 4..7 must be 0" + "".join(f"; bit {v.bit_length() - 1} is unknown: {_target(s, c)}"
-                                           for v, s in later.items())
+    text = "bits 4..7 must be 0" + "".join(
+        f"; bit {v.bit_length() - 1} is unknown: {_target(s, c)}" for v, s in later.items()
+    )
     return _each_flag(lambda b: b & (0xF0 | sum(later)), text)(c)
 
 
 RULES["format.layer.local_and_norope"] = _each_flag(
-    lambda b: b & 6 == 6, "bit 1 (local RoPE base) and bit 2 (no RoPE) cannot be combined")
+    lambda b: b & 6 == 6, "bit 1 (local RoPE base) and bit 2 (no RoPE) cannot be combined"
+)
 RULES["format.layer.linear_not_alone"] = _each_flag(
-    lambda b: b & 8 and b != 8, "bit 3 (linear attention) must be alone")
+    lambda b: b & 8 and b != 8, "bit 3 (linear attention) must be alone"
+)
 
 
 @rule("format.layer.local_without_theta")
 def _local_theta(c: Context):
     if c.h["rope_local_theta"] != 0:
         return None
-    return _each_flag(lambda b: b & 2, "a local-RoPE layer (bit 1) needs rope_local_theta > 0, "
-                                       "header field rope_local_theta (offset 100) is 0")(c)
+    return _each_flag(
+        lambda b: b & 2,
+        "a local-RoPE layer (bit 1) needs rope_local_theta > 0, "
+        "header field rope_local_theta (offset 100) is 0",
+    )(c)
 
 
 def _has_linear(c: Context) -> bool:
@@ -378,6 +410,7 @@ def _linear(test: Callable[[dict], bool], name: str, text: str) -> Check:
         if not _has_linear(c) or test(c.h):
             return None
         return f"{_field(name, c.h)}: {text} (a layer has flag bit 3)"
+
     return check
 
 
@@ -385,12 +418,16 @@ RULES["shape.linear.k_heads"] = _linear(lambda h: h["lin_k_heads"] > 0, "lin_k_h
 RULES["shape.linear.v_heads"] = _linear(lambda h: h["lin_v_heads"] > 0, "lin_v_heads", "must be > 0")
 RULES["shape.linear.v_heads_multiple"] = _linear(
     lambda h: h["lin_v_heads"] % 4 == 0 and h["lin_v_heads"] % h["lin_k_heads"] == 0,
-    "lin_v_heads", "must be a multiple of 4 and of lin_k_heads")
+    "lin_v_heads",
+    "must be a multiple of 4 and of lin_k_heads",
+)
 RULES["shape.linear.k_dim"] = _linear(lambda h: h["lin_k_dim"] > 0, "lin_k_dim", "must be > 0")
 RULES["shape.linear.v_dim"] = _linear(lambda h: h["lin_v_dim"] > 0, "lin_v_dim", "must be > 0")
 RULES["shape.linear.v_width_multiple_32"] = _linear(
-    lambda h: h["lin_v_heads"] * h["lin_v_dim"] % 32 == 0, "lin_v_dim",
-    "lin_v_heads x lin_v_dim must be a multiple of 32")
+    lambda h: h["lin_v_heads"] * h["lin_v_dim"] % 32 == 0,
+    "lin_v_dim",
+    "lin_v_heads x lin_v_dim must be a multiple of 32",
+)
 RULES["shape.linear.conv"] = _linear(lambda h: h["lin_conv"] > 0, "lin_conv", "must be > 0")
 
 
@@ -398,8 +435,10 @@ RULES["shape.linear.conv"] = _linear(lambda h: h["lin_conv"] > 0, "lin_conv", "m
 @rule("format.truncated_body")
 def _truncated(c: Context):
     if c.flags_cut:
-        return (f"the file has {c.size} bytes; the {c.h['n_layers']} layer-flag bytes end at "
-                f"{256 + c.h['n_layers']}")
+        return (
+            f"the file has {c.size} bytes; the {c.h['n_layers']} layer-flag bytes end at "
+            f"{256 + c.h['n_layers']}"
+        )
     need = layout.required_size(c.h, c.flags)
     return None if c.size >= need else f"the file has {c.size} bytes; the header implies {need}"
 
@@ -410,11 +449,13 @@ def _minus128(c: Context):
     try:
         for a in layout.plan(c.h, c.flags):
             if a.fmt == "Q8_0" and a.part == "q":
-                seg = mm[a.offset: a.offset + a.nbytes]
+                seg = mm[a.offset : a.offset + a.nbytes]
                 hit = np.flatnonzero(seg == -128)
                 if hit.size:
-                    return (f"array {a.matrix} (Q8_0 quants at offset {a.offset}) has -128 at "
-                            f"element {int(hit[0])}; quants must be in [-127, 127]")
+                    return (
+                        f"array {a.matrix} (Q8_0 quants at offset {a.offset}) has -128 at "
+                        f"element {int(hit[0])}; quants must be in [-127, 127]"
+                    )
     finally:
         del mm
     return None
@@ -431,7 +472,7 @@ def load(path: str | os.PathLike, version: specs.Version | None = None) -> LoadR
     path = os.fspath(path)
     name = path
     try:
-        with files.open_regular(path) as f:     # decision loader.special_files
+        with files.open_regular(path) as f:  # decision loader.special_files
             size = os.fstat(f.fileno()).st_size
             head = f.read(256)
     except OSError as e:
@@ -450,8 +491,9 @@ def header_problem(h: dict, flags: bytes | None) -> tuple[str, str] | None:
     c = Context.of_header(h, bytes(flags) if flags is not None else None)
     for r in rule_table():
         rid = r["id"]
-        if rid.startswith(("io.", "format.empty", "format.short_header", "format.truncated_body",
-                           "format.q8_minus128")):
+        if rid.startswith(
+            ("io.", "format.empty", "format.short_header", "format.truncated_body", "format.q8_minus128")
+        ):
             continue
         reason = RULES[rid](c)
         if reason is not None:

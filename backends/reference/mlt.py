@@ -34,8 +34,9 @@ class Context:
         out, off, data = [], HEADER.size, self.data
         for i in range(self.h["n_vocab"]):
             if off + 5 > len(data):
-                return out, (f"token {i}: its record header at offset {off} runs past the end "
-                             f"({len(data)} bytes)")
+                return out, (
+                    f"token {i}: its record header at offset {off} runs past the end ({len(data)} bytes)"
+                )
             attr, n = struct.unpack_from("<BI", data, off)
             if off + 5 + n > len(data):
                 return out, f"token {i}: length {n} at offset {off + 1} runs past the end ({len(data)} bytes)"
@@ -50,7 +51,7 @@ class Context:
 
     def piece(self, i: int) -> bytes:
         _, off, n = self.records[0][i]
-        return self.data[off: off + n]
+        return self.data[off : off + n]
 
     def merges(self):
         base = self.merges_offset
@@ -65,11 +66,15 @@ def _flags_kind(c: Context) -> str | None:
     h = c.h
     extra = h["flags"] & ~KIND_FLAGS[h["kind"]]
     if extra:
-        return (f"header field flags (offset 28) = {h['flags']:#x}: bits {extra:#x} do not apply to "
-                f"kind {h['kind']}")
+        return (
+            f"header field flags (offset 28) = {h['flags']:#x}: bits {extra:#x} do not apply to "
+            f"kind {h['kind']}"
+        )
     if h["flags"] & 16 and h["flags"] & 32:
-        return ("header field flags (offset 28): flag 16 (single digits) applies to the Llama 3 regex, "
-                "not to flag 32 (GPT-2)")
+        return (
+            "header field flags (offset 28): flag 16 (single digits) applies to the Llama 3 regex, "
+            "not to flag 32 (GPT-2)"
+        )
     return None
 
 
@@ -85,18 +90,21 @@ def _special(c: Context) -> str | None:
 def _each_token(test: Callable[[int, int, bytes], str | None]) -> Check:
     def check(c: Context) -> str | None:
         for i, (attr, off, n) in enumerate(c.records[0]):
-            reason = test(c.h["kind"], attr, c.data[off: off + n])
+            reason = test(c.h["kind"], attr, c.data[off : off + n])
             if reason:
                 return f"token {i} (record at offset {off - 5}): {reason}"
         return None
+
     return check
 
 
 def _merges_truncated(c: Context) -> str | None:
     need = c.merges_offset + 12 * c.h["n_merges"]
     if len(c.data) < need:
-        return (f"the {c.h['n_merges']} merge records (header field n_merges, offset 16) end at {need}, "
-                f"the file has {len(c.data)} bytes")
+        return (
+            f"the {c.h['n_merges']} merge records (header field n_merges, offset 16) end at {need}, "
+            f"the file has {len(c.data)} bytes"
+        )
     return None
 
 
@@ -111,8 +119,10 @@ def _merge_ids(c: Context) -> str | None:
 def _merge_concat(c: Context) -> str | None:
     for k, (left, right, merged) in c.merges():
         if c.piece(merged) != c.piece(left) + c.piece(right):
-            return (f"merge {k}: token {merged} {c.piece(merged)!r} is not token {left} {c.piece(left)!r} "
-                    f"+ token {right} {c.piece(right)!r}")
+            return (
+                f"merge {k}: token {merged} {c.piece(merged)!r} is not token {left} {c.piece(left)!r} "
+                f"+ token {right} {c.piece(right)!r}"
+            )
     return None
 
 
@@ -124,28 +134,60 @@ def _trailing(c: Context) -> str | None:
 RULES: dict[str, Check] = {
     "io.open": lambda c: None,  # checked when the file is opened
     "format.empty": lambda c: "the file is empty" if not c.data else None,
-    "format.short_header": lambda c: (f"the file has {len(c.data)} bytes, shorter than the 32-byte header"
-                                      if len(c.data) < HEADER.size else None),
-    "format.magic": lambda c: None if c.h["magic"] == b"MLT1" else (
-        f"magic is {c.h['magic']!r}, expected b'MLT1'"),
-    "format.version": lambda c: None if c.h["version"] == 1 else (
-        f"header field version (offset 4) = {c.h['version']}, only version 1 is defined"),
-    "format.kind": lambda c: None if c.h["kind"] in KIND_FLAGS else (
-        f"header field kind (offset 8) = {c.h['kind']} is not 1 (SentencePiece) or 2 (byte-level)"),
-    "format.flags.unknown": lambda c: None if not c.h["flags"] & ~0x7F else (
-        f"header field flags (offset 28) = {c.h['flags']:#x} sets unknown bits {c.h['flags'] & ~0x7F:#x}"),
+    "format.short_header": lambda c: (
+        f"the file has {len(c.data)} bytes, shorter than the 32-byte header"
+        if len(c.data) < HEADER.size
+        else None
+    ),
+    "format.magic": lambda c: (
+        None if c.h["magic"] == b"MLT1" else (f"magic is {c.h['magic']!r}, expected b'MLT1'")
+    ),
+    "format.version": lambda c: (
+        None
+        if c.h["version"] == 1
+        else (f"header field version (offset 4) = {c.h['version']}, only version 1 is defined")
+    ),
+    "format.kind": lambda c: (
+        None
+        if c.h["kind"] in KIND_FLAGS
+        else (f"header field kind (offset 8) = {c.h['kind']} is not 1 (SentencePiece) or 2 (byte-level)")
+    ),
+    "format.flags.unknown": lambda c: (
+        None
+        if not c.h["flags"] & ~0x7F
+        else (
+            f"header field flags (offset 28) = {c.h['flags']:#x} sets unknown bits {c.h['flags'] & ~0x7F:#x}"
+        )
+    ),
     "format.flags.kind": _flags_kind,
-    "format.add_bos_without_bos": lambda c: "flag 1 (prepend BOS) with header field bos = -1" if (
-        c.h["flags"] & 1 and c.h["bos"] == -1) else None,
-    "shape.n_vocab_model": lambda c: None if c.model_vocab is None or c.h["n_vocab"] <= c.model_vocab else (
-        f"header field n_vocab (offset 12) = {c.h['n_vocab']} is above the model's vocab {c.model_vocab}"),
+    "format.add_bos_without_bos": lambda c: (
+        "flag 1 (prepend BOS) with header field bos = -1" if (c.h["flags"] & 1 and c.h["bos"] == -1) else None
+    ),
+    "shape.n_vocab_model": lambda c: (
+        None
+        if c.model_vocab is None or c.h["n_vocab"] <= c.model_vocab
+        else (
+            f"header field n_vocab (offset 12) = {c.h['n_vocab']} is above the model's vocab {c.model_vocab}"
+        )
+    ),
     "shape.special_range": _special,
     "format.token_overrun": lambda c: c.records[1],
-    "format.token_attr": _each_token(lambda k, a, p: None if a in (0, 1, 2) else (
-        f"attr {a} is not 0, 1 or 2")),
-    "format.byte_token": _each_token(lambda k, a, p: None if a != 2 else (
-        "a byte token (attr 2) in a byte-level tokenizer" if k == 2 else
-        None if len(p) == 1 else f"a byte token (attr 2) of length {len(p)}, not 1")),
+    "format.token_attr": _each_token(
+        lambda k, a, p: None if a in (0, 1, 2) else (f"attr {a} is not 0, 1 or 2")
+    ),
+    "format.byte_token": _each_token(
+        lambda k, a, p: (
+            None
+            if a != 2
+            else (
+                "a byte token (attr 2) in a byte-level tokenizer"
+                if k == 2
+                else None
+                if len(p) == 1
+                else f"a byte token (attr 2) of length {len(p)}, not 1"
+            )
+        )
+    ),
     "format.empty_token": _each_token(lambda k, a, p: "length 0" if not p else None),
     "format.merges_truncated": _merges_truncated,
     "format.merge_id": _merge_ids,
@@ -171,7 +213,7 @@ def check(data: bytes, name: str = "<bytes>", model_vocab: int | None = None) ->
 def load_bytes(path: str | os.PathLike, model_vocab: int | None = None) -> tuple[LoadResult, bytes]:
     name = os.fspath(path)
     try:
-        data = files.read_regular(name)     # decision loader.special_files
+        data = files.read_regular(name)  # decision loader.special_files
     except OSError as e:
         return LoadResult("ML_E_IO", f"{name}: cannot open: {files.reason(e)}", "io.open"), b""
     return check(data, name, model_vocab), data

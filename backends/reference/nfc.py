@@ -49,7 +49,7 @@ def nfc(text: str) -> str:
     if not text or max(text) < FAST_BELOW:
         return text
     cps = [d for c in text for d in _decompose(ord(c))]
-    i = 0                                    # canonical ordering, run by run
+    i = 0  # canonical ordering, run by run
     while i < len(cps):
         if _CCC.get(cps[i], 0) == 0:
             i += 1
@@ -60,7 +60,7 @@ def nfc(text: str) -> str:
         cps[i:j] = sorted(cps[i:j], key=lambda cp: _CCC[cp])
         i = j
     out: list[int] = []
-    starter = -1                             # index in out of the last starter
+    starter = -1  # index in out of the last starter
     for cp in cps:
         k = _CCC.get(cp, 0)
         if starter >= 0:

@@ -24,7 +24,7 @@ __all__ = ["PATTERNS", "split", "spans", "split_numbers"]
 # case folding also maps U+017F LATIN SMALL LETTER LONG S to s (checked over every code point
 # against HF); no other character folds to these letters.
 _FOLD = {"s": "sS\u017f", "t": "tT", "r": "rR", "e": "eE", "v": "vV", "m": "mM", "l": "lL", "d": "dD"}
-_CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")   # after the apostrophe, in regex order
+_CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after the apostrophe, in regex order
 _CRLF = "\r\n"
 
 
@@ -149,4 +149,3 @@ def split_numbers(text: str) -> list[str]:
     if start < len(text):
         out.append(text[start:])
     return out
-

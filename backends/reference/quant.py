@@ -115,8 +115,9 @@ def search_levels() -> np.ndarray:
     return np.array(specs.load("quant")["q4_0_search"]["candidates"], dtype=F32)
 
 
-def q4_0_search(x: np.ndarray, f16: bool = False,
-                importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def q4_0_search(
+    x: np.ndarray, f16: bool = False, importance: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The writer's Q4_0 rule: per block, map the largest-magnitude element to each candidate
     level, fit d by weighted least squares, keep the candidate with the smallest weighted error.
 
@@ -178,8 +179,10 @@ def q4_0_search(x: np.ndarray, f16: bool = False,
     failed = np.isinf(best_err) & ~zero
     if failed.any():
         i = int(np.flatnonzero(failed)[0])
-        raise QuantError(f"block {i}: the Q4_0 search overflows float32 (amax {float(amax[i])!r}); "
-                         "no candidate has a finite error")
+        raise QuantError(
+            f"block {i}: the Q4_0 search overflows float32 (amax {float(amax[i])!r}); "
+            "no candidate has a finite error"
+        )
     d = (best_d * scale).astype(F32)
     d[zero] = 0
     best_l[:, zero] = 0

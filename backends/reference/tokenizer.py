@@ -47,10 +47,10 @@ from mlconf.tools.mlt import (
 from . import pretokenize
 from .nfc import nfc
 
-SPIECE = "\u2581"              # SentencePiece's space
+SPIECE = "\u2581"  # SentencePiece's space
 SPIECE_BYTES = SPIECE.encode()
-Merges = dict[tuple[int, int], tuple[int, int]]     # (left, right) -> (rank, merged)
-CACHE_MAX = 1 << 16            # word cache entries before it is emptied (bounds memory only)
+Merges = dict[tuple[int, int], tuple[int, int]]  # (left, right) -> (rank, merged)
+CACHE_MAX = 1 << 16  # word cache entries before it is emptied (bounds memory only)
 
 
 def bpe(symbols: list[int], merges: Merges) -> list[int]:
@@ -68,7 +68,7 @@ def bpe(symbols: list[int], merges: Merges) -> list[int]:
     n = len(symbols)
     if n < 2:
         return list(symbols)
-    ids = list(symbols)            # ids[i] = -1 once symbol i is merged into its left neighbour
+    ids = list(symbols)  # ids[i] = -1 once symbol i is merged into its left neighbour
     nxt = list(range(1, n + 1))
     nxt[-1] = -1
     prv = list(range(-1, n - 1))
@@ -82,7 +82,7 @@ def bpe(symbols: list[int], merges: Merges) -> list[int]:
         rank, i, merged = heapq.heappop(heap)
         j = nxt[i]
         if ids[i] < 0 or j < 0 or (m := merges.get((ids[i], ids[j]))) is None or m[1] != merged:
-            continue               # stale (HF's test: the pair now there does not make `merged`)
+            continue  # stale (HF's test: the pair now there does not make `merged`)
         ids[i], ids[j] = merged, -1
         k = nxt[j]
         nxt[i] = k
@@ -109,7 +109,7 @@ class Encoder:
         # Initial symbols of single bytes: byte tokens (kind 1 fallback) or the single-byte plain
         # tokens (kind 2).
         self.byte_ids: list[int | None] = [None] * 256
-        self.added: dict[str, list[tuple[str, int]]] = {}     # first character -> (text, id)
+        self.added: dict[str, list[tuple[str, int]]] = {}  # first character -> (text, id)
         for i, (attr, piece) in enumerate(tok.tokens):
             if attr == ATTR_PLAIN:
                 self.plain.setdefault(piece, i)
@@ -121,14 +121,19 @@ class Encoder:
                 try:
                     text = piece.decode("utf-8")
                 except UnicodeDecodeError:
-                    continue           # text is Unicode: an added token that is not UTF-8 never matches
+                    continue  # text is Unicode: an added token that is not UTF-8 never matches
                 self.added.setdefault(text[0], []).append((text, i))
         for cands in self.added.values():
-            cands.sort(key=lambda c: (-len(c[0]), c[1]))     # longest first; equal text: lowest id
+            cands.sort(key=lambda c: (-len(c[0]), c[1]))  # longest first; equal text: lowest id
         # A pair listed twice takes its last rank, as HF (it builds a map in rank order).
         self.merges: Merges = {(a, b): (r, m) for r, (a, b, m) in enumerate(tok.merges)}
-        self._pattern = ("gpt2" if self.flags & FLAG_GPT2_REGEX else
-                         "llama3_single_digits" if self.flags & FLAG_SINGLE_DIGITS else "llama3")
+        self._pattern = (
+            "gpt2"
+            if self.flags & FLAG_GPT2_REGEX
+            else "llama3_single_digits"
+            if self.flags & FLAG_SINGLE_DIGITS
+            else "llama3"
+        )
         self._cache: dict[bytes, list[int]] = {}
         self._char_cache: dict[str, list[int]] = {}
 
@@ -184,7 +189,7 @@ class Encoder:
             else:
                 got = [t for t in map(self.byte_ids.__getitem__, b) if t is not None]
                 if len(got) < len(b):
-                    got = []       # all of its bytes or nothing
+                    got = []  # all of its bytes or nothing
             self._char_cache[c] = got
         return got
 

@@ -37,12 +37,12 @@ def damage_gguf(src: str | Path, dst: str | Path, kind: str) -> str:
     tensors = gguf_tensors(src)
     if kind == "nan_norm":
         norms = [t for t in tensors if len(t["shape"]) == 1 and "norm" in t["name"]]
-        pick = ([t for t in norms if t["type"] == GGUF_F32] + [t for t in norms if t["type"] == GGUF_F16])
+        pick = [t for t in norms if t["type"] == GGUF_F32] + [t for t in norms if t["type"] == GGUF_F16]
         if not pick:
             raise ValueError(f"{src}: no 1-D F32 or F16 norm tensor to damage")
         t = pick[0]
         nan = np.array([np.nan], dtype="<f4" if t["type"] == GGUF_F32 else "<f2").tobytes()
-        data[t["offset"]:t["offset"] + len(nan)] = nan
+        data[t["offset"] : t["offset"] + len(nan)] = nan
         what = f"NaN at element 0 of {t['name']}"
     elif kind == "truncated":
         last = max(tensors, key=lambda t: t["offset"])
@@ -59,6 +59,7 @@ def damage_gguf(src: str | Path, dst: str | Path, kind: str) -> str:
     else:
         raise ValueError(f"unknown GGUF damage {kind!r}")
     from mlconf.tools.files import atomic_write
+
     atomic_write(Path(dst), [bytes(data)])
     return what
 
@@ -103,17 +104,24 @@ def _payload_diff(want: bytes, got: bytes, cols: int) -> tuple[str, dict]:
         blk, j = divmod(i, 32)
         els = [blk * I2S_BLOCK + j + 32 * g for g in range(4)]
         codes = lambda v: [(int(v) >> s) & 3 for s in (6, 4, 2, 0)]  # noqa: E731
-        where = (f"packed byte {i} (block {blk}, byte {j}: elements {els}"
-                 + (f" = row {els[0] // cols}, columns {[e % cols for e in els]}" if cols else "")
-                 + f"): codes got {codes(b[i])} expected {codes(a[i])}")
+        where = (
+            f"packed byte {i} (block {blk}, byte {j}: elements {els}"
+            + (f" = row {els[0] // cols}, columns {[e % cols for e in els]}" if cols else "")
+            + f"): codes got {codes(b[i])} expected {codes(a[i])}"
+        )
     else:
-        sw = np.frombuffer(want[n_packed:n_packed + 4], "<f4")[0]
-        sg = np.frombuffer(got[n_packed:n_packed + 4], "<f4")[0]
-        where = (f"tail byte {i - n_packed}: scale got {float(sg)!r} ({got[n_packed:n_packed + 4].hex()}) "
-                 f"expected {float(sw)!r} ({want[n_packed:n_packed + 4].hex()})" if i < n_packed + 4 else
-                 f"tail byte {i - n_packed} (padding, must be 0): got {b[i]:#04x}")
-    return (f"payload: {diff.size} of {len(want)} bytes differ ({int(np.count_nonzero(diff < n_packed))} "
-            f"packed), first at {where}"), metrics
+        sw = np.frombuffer(want[n_packed : n_packed + 4], "<f4")[0]
+        sg = np.frombuffer(got[n_packed : n_packed + 4], "<f4")[0]
+        where = (
+            f"tail byte {i - n_packed}: scale got {float(sg)!r} ({got[n_packed : n_packed + 4].hex()}) "
+            f"expected {float(sw)!r} ({want[n_packed : n_packed + 4].hex()})"
+            if i < n_packed + 4
+            else f"tail byte {i - n_packed} (padding, must be 0): got {b[i]:#04x}"
+        )
+    return (
+        f"payload: {diff.size} of {len(want)} bytes differ ({int(np.count_nonzero(diff < n_packed))} "
+        f"packed), first at {where}"
+    ), metrics
 
 
 def _values_diff(name: str, want: bytes, got: bytes, dtype: str, width: int) -> tuple[str, dict]:
@@ -131,22 +139,26 @@ def _values_diff(name: str, want: bytes, got: bytes, dtype: str, width: int) -> 
     i = int(diff[0])
     at = f"[{i // width}, {i % width}]" if width > 1 else f"[{i}]"
     py = float if a.dtype.kind == "f" else int
-    return (f"{name}: {diff.size} of {a.size} elements differ, first at {at}: got {py(b[i])!r} expected "
-            f"{py(a[i])!r}"), {f"{name}_differ": int(diff.size), f"{name}_first": i}
+    return (
+        f"{name}: {diff.size} of {a.size} elements differ, first at {at}: got {py(b[i])!r} expected "
+        f"{py(a[i])!r}"
+    ), {f"{name}_differ": int(diff.size), f"{name}_first": i}
 
 
 def _bits(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
     p = case.params
-    want = (work.expected_from_reference(case, run_i2s) if p.get("expected_from") else case.expected)
+    want = work.expected_from_reference(case, run_i2s) if p.get("expected_from") else case.expected
     got = run_i2s(case, backend)
     if p["op"] == "pack":
         cols = int(np.shape(p["w"])[-1])
         parts = [_payload_diff(want, got, cols)]
     elif p["op"] == "act":
         cols = int(np.shape(p["x"])[-1])
-        parts = [_values_diff("q", want[0], got[0], "i1", cols),
-                 _values_diff("scale", want[1], got[1], "<f4", 1),
-                 _values_diff("sum", want[2], got[2], "<i4", 1)]
+        parts = [
+            _values_diff("q", want[0], got[0], "i1", cols),
+            _values_diff("scale", want[1], got[1], "<f4", 1),
+            _values_diff("sum", want[2], got[2], "<i4", 1),
+        ]
     else:
         parts = [_values_diff("y", want, got, "<f4", int(p["shape"][0]))]
     texts = [t for t, _ in parts if t]
@@ -163,8 +175,11 @@ def _bits(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
 
 def run_embed(case: Case, backend: Backend) -> np.ndarray:
     p = case.params
-    session = (backend.open_embedder(str(p["model"]), p["reading"]) if p.get("reading")
-               else backend.open_embedder(str(p["model"])))
+    session = (
+        backend.open_embedder(str(p["model"]), p["reading"])
+        if p.get("reading")
+        else backend.open_embedder(str(p["model"]))
+    )
     try:
         return np.asarray(session.embed(np.asarray(p["tokens"]), p["pooling"], p["normalize"]))
     finally:
@@ -185,10 +200,17 @@ def _embed(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
     r.outcome = "pass" if ok else "fail"
     r.got = "within" if ok else "outside"
     m = r.metrics
-    where = (f"; largest error at element {m['worst']}: got {float(got[m['worst']])!r} expected "
-             f"{float(want[m['worst']])!r}" if m["differ"] else "")
-    r.detail = ((over + "; " if over else "") + ", ".join(
-        f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()) + where)
+    where = (
+        f"; largest error at element {m['worst']}: got {float(got[m['worst']])!r} expected "
+        f"{float(want[m['worst']])!r}"
+        if m["differ"]
+        else ""
+    )
+    r.detail = (
+        (over + "; " if over else "")
+        + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items())
+        + where
+    )
 
 
 def _refused(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
@@ -213,7 +235,7 @@ def _refused(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
         r.outcome, r.got = "fail", "accepted"
         r.detail = f"open_embedder accepted {path.name}, a copy of {Path(p['model']).name} with {what}"
         return
-    session = backend.open_embedder(str(p["model"]))      # op embed_call: a bad call on a valid model
+    session = backend.open_embedder(str(p["model"]))  # op embed_call: a bad call on a valid model
     try:
         tokens = np.array([session.vocab if t is None else t for t in p["tokens"]], dtype=np.int64)
         try:
@@ -222,8 +244,10 @@ def _refused(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
             r.outcome, r.got, r.detail = "pass", "refused", str(e)
         else:
             r.outcome, r.got = "fail", "accepted"
-            r.detail = (f"embed accepted tokens {tokens.tolist()} with pooling {p['pooling']!r} "
-                        f"(vocab {session.vocab})")
+            r.detail = (
+                f"embed accepted tokens {tokens.tolist()} with pooling {p['pooling']!r} "
+                f"(vocab {session.vocab})"
+            )
     finally:
         session.close()
 

@@ -39,7 +39,7 @@ def run_forward(case: Case, backend: Backend) -> np.ndarray | NonFinite:
 
 def forward_calls(session, tokens: np.ndarray, mode: str) -> np.ndarray | NonFinite:
     """``tokens`` from position 0 on an open session: in one call (prefill) or one at a time."""
-    calls = [(tokens, 0)] if mode == "prefill" else [(tokens[i:i + 1], i) for i in range(len(tokens))]
+    calls = [(tokens, 0)] if mode == "prefill" else [(tokens[i : i + 1], i) for i in range(len(tokens))]
     rows: list[np.ndarray] = []
     for part, pos in calls:
         try:
@@ -56,8 +56,7 @@ def _said(x: np.ndarray | NonFinite) -> str:
     return f"{len(x)} logits rows"
 
 
-def judge(r: Result, tolerance: str, got: np.ndarray | NonFinite,
-                   want: np.ndarray | NonFinite) -> None:
+def judge(r: Result, tolerance: str, got: np.ndarray | NonFinite, want: np.ndarray | NonFinite) -> None:
     """Logits within ``tolerance`` of the expectation; a refusal (NonFinite) must come at the same
     call as the expectation's, and the logits before it are compared."""
     g = got.logits if isinstance(got, NonFinite) else got
@@ -75,12 +74,13 @@ def judge(r: Result, tolerance: str, got: np.ndarray | NonFinite,
     r.detail = over or ", ".join(f"{k} {v:.3g}" for k, v in r.metrics.items())
     if isinstance(got, NonFinite):
         r.got = "refused" if ok else r.got
-        r.detail = (f"NumericError after {len(g)} logits rows, as expected: {got.reason}"
-                    + (f"; rows before: {r.detail}" if r.detail else ""))
+        r.detail = f"NumericError after {len(g)} logits rows, as expected: {got.reason}" + (
+            f"; rows before: {r.detail}" if r.detail else ""
+        )
 
 
 def run(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
-    if "fixture" in case.params:      # a generated model: its path in this run's fixtures
+    if "fixture" in case.params:  # a generated model: its path in this run's fixtures
         case = replace(case, params={**case.params, "model": work.path(case.params["fixture"])})
     want = case.expected if case.expected is not None else work.expected_logits(case)
     judge(r, case.params["tolerance"], run_forward(case, backend), want)

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from mlconf.runner import Result, Workdir
 
 
-def bytes_diff(name: str, want: bytes, got: bytes, itemsize: int, per_block: int,
-                unit: str = "element") -> tuple[str, dict]:
+def bytes_diff(
+    name: str, want: bytes, got: bytes, itemsize: int, per_block: int, unit: str = "element"
+) -> tuple[str, dict]:
     """Where two byte strings of equal meaning differ, in elements of ``itemsize`` bytes, with the
     quantization block of the first difference (``per_block`` items of kind ``unit`` per block)."""
     if len(want) != len(got):
@@ -28,9 +29,10 @@ def bytes_diff(name: str, want: bytes, got: bytes, itemsize: int, per_block: int
         return "", {}
     i = int(diff[0])
     where = f"block {i}" if per_block == 1 else f"block {i // per_block}, {unit} {i % per_block}"
-    return (f"{name}: {diff.size} of {len(a)} elements differ, first at {i} ({where}): "
-            f"got {b[i].tobytes().hex()} expected {a[i].tobytes().hex()}"), \
-        {f"{name}_differ": int(diff.size), f"{name}_first": i}
+    return (
+        f"{name}: {diff.size} of {len(a)} elements differ, first at {i} ({where}): "
+        f"got {b[i].tobytes().hex()} expected {a[i].tobytes().hex()}"
+    ), {f"{name}_differ": int(diff.size), f"{name}_first": i}
 
 
 def _run_quant(case: Case, backend: Backend) -> tuple[bytes, bytes]:
@@ -45,8 +47,9 @@ def _run_quant(case: Case, backend: Backend) -> tuple[bytes, bytes]:
     want_q = np.int8 if case.capability == "quantize_q8_0" else np.uint8
     want_d = np.float16 if p["f16"] else np.float32
     if q.dtype != want_q or d.dtype != want_d:
-        raise TypeError(f"backend returned q {q.dtype} / d {d.dtype}, expected {np.dtype(want_q)} / "
-                        f"{np.dtype(want_d)}")
+        raise TypeError(
+            f"backend returned q {q.dtype} / d {d.dtype}, expected {np.dtype(want_q)} / {np.dtype(want_d)}"
+        )
     return q.tobytes(), d.astype(d.dtype.newbyteorder("<")).tobytes()
 
 
@@ -66,8 +69,9 @@ def bit_exact(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
     want_q, want_d = case.expected
     # Q8_0: 32 int8 per block; Q4_0: 16 bytes per block (a byte holds elements j and j + 16)
     q8 = case.capability == "quantize_q8_0"
-    dq, mq = bytes_diff("quants", want_q, q, 1, 32 if q8 else 16,
-                         "element" if q8 else "byte (elements j and j + 16)")
+    dq, mq = bytes_diff(
+        "quants", want_q, q, 1, 32 if q8 else 16, "element" if q8 else "byte (elements j and j + 16)"
+    )
     dd, md = bytes_diff("scales", want_d, d, 2 if case.params["f16"] else 4, 1)
     r.metrics = {**mq, **md, **byte_distance(want_q + want_d, q + d)}
     r.got = "identical" if not (dq or dd) else "differs"

@@ -19,9 +19,10 @@ def run(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
     fx = case.params.get("fixture")
     path = str(work.path(fx)) if fx is not None else str(case.params["path"])
     expected, why = case.expected, ""
-    if case.params.get("target_version") is not None:   # what a runtime of that version says
-        expected, why = versions.expected(case.expected, fx.rule, versions.read_head(path),
-                                          case.params["target_version"])
+    if case.params.get("target_version") is not None:  # what a runtime of that version says
+        expected, why = versions.expected(
+            case.expected, fx.rule, versions.read_head(path), case.params["target_version"]
+        )
         r.expected = expected
     if case.capability == "load_tokenizer":
         vocab = fx.model_vocab if fx is not None else case.params.get("model_vocab")

@@ -23,12 +23,15 @@ def _ids_detail(case: Case, work: Workdir, got: list[int], i: int) -> str:
     want = list(case.expected)
     from mlconf.backends.reference.tokenizer import Encoder
     from mlconf.tools import mlt
+
     enc = Encoder(mlt.read(work.tokenizer(case.params["golden"])))
-    before = enc.decode(want[max(0, i - 8): i])[-24:]
-    after = enc.decode(want[i: i + 4])[:24]
-    return (f"ids differ first at position {i} of {len(want)} (got {len(got)} ids): expected "
-            f"{want[max(0, i - 2): i + 3]}, got {got[max(0, i - 2): i + 3]} (from index {max(0, i - 2)}); "
-            f"text there: {before!r} | {after!r}; input {case.params['text'][:60]!r}")
+    before = enc.decode(want[max(0, i - 8) : i])[-24:]
+    after = enc.decode(want[i : i + 4])[:24]
+    return (
+        f"ids differ first at position {i} of {len(want)} (got {len(got)} ids): expected "
+        f"{want[max(0, i - 2) : i + 3]}, got {got[max(0, i - 2) : i + 3]} (from index {max(0, i - 2)}); "
+        f"text there: {before!r} | {after!r}; input {case.params['text'][:60]!r}"
+    )
 
 
 def run(case: Case, backend: Backend, work: Workdir, r: Result) -> None:

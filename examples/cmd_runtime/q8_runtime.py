@@ -37,8 +37,8 @@ def quantize_q8_0(x: np.ndarray, f16: bool, wrong: bool) -> tuple[np.ndarray, np
     if bad.size:
         raise InputRefused(f"non-finite value {x[bad[0]]} at index {int(bad[0])}")
     b = x.reshape(-1, BLOCK)
-    amax = np.abs(b).max(axis=1)                              # exact
-    live = amax >= np.float32(1e-30)                          # amax < 1e-30: d = 0, q = 0
+    amax = np.abs(b).max(axis=1)  # exact
+    live = amax >= np.float32(1e-30)  # amax < 1e-30: d = 0, q = 0
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         d = np.where(live, amax / np.float32(127), np.float32(0)).astype(np.float32)
         if f16:
@@ -46,31 +46,34 @@ def quantize_q8_0(x: np.ndarray, f16: bool, wrong: bool) -> tuple[np.ndarray, np
             if over.size:
                 i = int(over[0])
                 raise InputRefused(f"block {i}: scale {float(d[i])!r} is above 65504 (not an f16)")
-            d16 = d.astype(np.float16)                         # nearest, ties to even
-            live &= d16 != 0                                   # decision q8_0.f16_zero_scale
+            d16 = d.astype(np.float16)  # nearest, ties to even
+            live &= d16 != 0  # decision q8_0.f16_zero_scale
             d16 = np.where(live, d16, np.float16(0))
             inv = np.float32(1) / d16.astype(np.float32)
         else:
             inv = np.float32(127) / amax
         inv = np.where(live, inv, np.float32(0)).astype(np.float32)
-        v = b * inv[:, None]                                   # first rounding
+        v = b * inv[:, None]  # first rounding
         if wrong:
-            q = np.rint(v)                                     # the bug: ties to even
+            q = np.rint(v)  # the bug: ties to even
         else:
-            v = v + np.copysign(np.float32(0.5), b)            # second rounding
+            v = v + np.copysign(np.float32(0.5), b)  # second rounding
             q = np.trunc(v)
     q = np.clip(q, -127, 127)
     q = np.where(live[:, None], q, 0).astype(np.int8)
     if f16:
         return q.reshape(-1), d16.astype("<f2").view("<u2")
-    return q.reshape(-1), np.where(live, d, np.float32(0)).astype("<f4")   # +0.0, never -0.0
+    return q.reshape(-1), np.where(live, d, np.float32(0)).astype("<f4")  # +0.0, never -0.0
 
 
 def handle(req: dict, wrong: bool) -> dict:
     op = req.get("op")
     if op == "hello":
-        return {"name": "q8_runtime (mlconf example)" + (" --wrong" if wrong else ""), "version": "1.0",
-                "capabilities": ["quantize_q8_0"]}
+        return {
+            "name": "q8_runtime (mlconf example)" + (" --wrong" if wrong else ""),
+            "version": "1.0",
+            "capabilities": ["quantize_q8_0"],
+        }
     if op == "quantize_q8_0":
         x = np.frombuffer(base64.b64decode(req["x"]), dtype="<f4").astype(np.float32)
         shape = req["shape"]
@@ -92,8 +95,11 @@ def main() -> int:
         except NotImplementedError as e:
             reply = {"id": req["id"], "ok": False, "error": {"kind": "unsupported", "message": str(e)}}
         except Exception as e:  # a bug here: tell the harness, keep serving
-            reply = {"id": req["id"], "ok": False,
-                     "error": {"kind": "internal", "message": f"{type(e).__name__}: {e}"}}
+            reply = {
+                "id": req["id"],
+                "ok": False,
+                "error": {"kind": "internal", "message": f"{type(e).__name__}: {e}"},
+            }
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
     return 0

@@ -26,14 +26,15 @@ class ExampleQ8Backend:
     def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
         x = np.asarray(x)
         if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] % BLOCK:
-            raise ValueError(f"need float32 rows of a multiple of {BLOCK} values, "
-                             f"got {x.dtype}{list(x.shape)}")
+            raise ValueError(
+                f"need float32 rows of a multiple of {BLOCK} values, got {x.dtype}{list(x.shape)}"
+            )
         if not np.isfinite(x).all():
             raise ValueError("non-finite input")
         blocks = x.reshape(-1, BLOCK)
         amax = np.max(np.abs(blocks), axis=1)
         used = amax >= np.float32(1e-30)
-        safe = np.where(used, amax, np.float32(1))            # no division by zero below
+        safe = np.where(used, amax, np.float32(1))  # no division by zero below
         d = np.where(used, safe / np.float32(127), np.float32(0)).astype(np.float32)
         if f16:
             if (d > np.float32(65504)).any():

@@ -24,14 +24,25 @@ def main() -> int:
         req = json.loads(line)
         rid, op = req["id"], req["op"]
         if op == "hello":
-            reply = {"id": rid, "ok": True, "name": "misbehave", "version": "0",
-                     "capabilities": ["quantize_q8_0", "forward", "no_such_capability"]}
+            reply = {
+                "id": rid,
+                "ok": True,
+                "name": "misbehave",
+                "version": "0",
+                "capabilities": ["quantize_q8_0", "forward", "no_such_capability"],
+            }
         elif op == "quantize_q8_0":
             raw = base64.b64decode(req["x"])
             n = len(raw) // 4
             first = int.from_bytes(raw[:4], "little")
-            mode = {0x3F800000: 1, 0x40000000: 2, 0x40400000: 3, 0x40800000: 4, 0x40A00000: 5,
-                    0x40C00000: 6}.get(first, 0)
+            mode = {
+                0x3F800000: 1,
+                0x40000000: 2,
+                0x40400000: 3,
+                0x40800000: 4,
+                0x40A00000: 5,
+                0x40C00000: 6,
+            }.get(first, 0)
             if mode == 1:
                 sys.stderr.write("about to die\n")
                 sys.stderr.flush()
@@ -49,8 +60,12 @@ def main() -> int:
             if mode == 6:
                 os.close(1)
                 time.sleep(60)
-            reply = {"id": rid, "ok": True, "q": base64.b64encode(bytes(n)).decode(),
-                     "d": base64.b64encode(bytes(n // 32 * (2 if req["f16"] else 4))).decode()}
+            reply = {
+                "id": rid,
+                "ok": True,
+                "q": base64.b64encode(bytes(n)).decode(),
+                "d": base64.b64encode(bytes(n // 32 * (2 if req["f16"] else 4))).decode(),
+            }
         else:
             reply = {"id": rid, "ok": False, "error": {"kind": "unsupported", "message": f"unknown op {op}"}}
         sys.stdout.write(json.dumps(reply) + "\n")

@@ -36,7 +36,7 @@ def load(req: dict) -> dict:
 
 
 def open_model(req: dict) -> dict:
-    m = mlb.read(req["path"])        # MLBError: a refused file
+    m = mlb.read(req["path"])  # MLBError: a refused file
     if MISTAKE[0] == "yarn" and m.header["rope_type"] == 3:
         m.header["rope_attn_factor"] = 1.0
     s = Forward(m, ctx=req.get("ctx"))
@@ -50,11 +50,18 @@ def forward(req: dict) -> dict:
     return {"logits": pack(logits, "<f4"), "shape": list(logits.shape)}
 
 
-OPS = {"hello": lambda req: {"name": "one-mistake", "version": " ".join(MISTAKE),
-                             "capabilities": ["load", "forward"]},
-       "load": load, "open_model": open_model, "forward": forward,
-       "reset": lambda req: SESSIONS[req["handle"]].reset() or {},
-       "close": lambda req: SESSIONS.pop(req["handle"], None) and {} or {}}
+OPS = {
+    "hello": lambda req: {
+        "name": "one-mistake",
+        "version": " ".join(MISTAKE),
+        "capabilities": ["load", "forward"],
+    },
+    "load": load,
+    "open_model": open_model,
+    "forward": forward,
+    "reset": lambda req: SESSIONS[req["handle"]].reset() or {},
+    "close": lambda req: SESSIONS.pop(req["handle"], None) and {} or {},
+}
 
 
 def main() -> None:
@@ -62,8 +69,11 @@ def main() -> None:
         req = json.loads(line)
         try:
             op = OPS.get(req["op"])
-            out = {"ok": True, **op(req)} if op else {"ok": False, "error": {"kind": "unsupported",
-                                                                            "message": req["op"]}}
+            out = (
+                {"ok": True, **op(req)}
+                if op
+                else {"ok": False, "error": {"kind": "unsupported", "message": req["op"]}}
+            )
         except NumericError as e:
             out = {"ok": False, "error": {"kind": "nonfinite", "message": str(e)}}
         except (InputError, mlb.MLBError, ValueError) as e:
