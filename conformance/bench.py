@@ -1154,8 +1154,9 @@ def bitnet_doc(workdir: str | None = None, shapes=tuple(BITNET_SHAPES), seqs=PRE
                 "reading of each file (F16: float matmuls; I2_S: ternary). " + llama_note + " GOPS counts "
                 "the seven projections' multiply-adds (2 x weights x tokens); weight_GB_s their bytes "
                 "(F16: 2 per weight; I2_S: 1/4) over the time, of_memory_bw against the memory "
-                f"bandwidth above. The median of {REPEAT} runs up to 512 tokens, of 2 above; the engines' runs are "
-                "interleaved (one of each in turn), so the machine's drift falls on all of them alike.",
+                f"bandwidth above. The median of {REPEAT} runs up to 512 tokens, of 2 above; the engines' "
+                "runs are interleaved (one of each in turn), so the machine's drift falls on all of them "
+                "alike.",
             ),
         ],
         bandwidth=bws,

@@ -408,7 +408,8 @@ def cmd_run(args) -> int:
     what = (
         "failed, errored, crashed, timed out or were unsupported (--strict)"
         if gate is True
-        else f"failed, errored, crashed, timed out or were unsupported in {', '.join(sorted(gate))} (--require)"
+        else "failed, errored, crashed, timed out or were unsupported in "
+        f"{', '.join(sorted(gate))} (--require)"
         if gate
         else "failed, errored, crashed or timed out"
     )

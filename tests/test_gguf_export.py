@@ -131,7 +131,7 @@ def _write(path: Path, header: dict, q4_rule: str, seed: int = 0) -> Path:
     flags = flags if flags is not None else [0] * h["n_layers"] if h["layer_flags"] else None
     rng = np.random.default_rng(seed)
     arrays = {}
-    for name, (fmt, shape) in mlb.expected_arrays(h, None).items():
+    for name, (_fmt, shape) in mlb.expected_arrays(h, None).items():
         sd, mean = (0.1, 1.0) if name.endswith("norm") else (0.05, 0.0)  # norms near 1, biases near 0
         arrays[name] = (mean + rng.normal(0, sd, shape)).astype(np.float32)
     mlb.write(path, h, arrays, q4_rule=q4_rule, flags=flags)
