@@ -405,14 +405,12 @@ def cmd_run(args) -> int:
     written = reports.write(doc, args.report, wall=wall)
     print(summary_table(results))
     n_fail = sum(1 for r in results if records.failing(r.outcome, gate, r.capability))
-    what = (
-        "failed, errored, crashed, timed out or were unsupported (--strict)"
-        if gate is True
-        else "failed, errored, crashed, timed out or were unsupported in "
-        f"{', '.join(sorted(gate))} (--require)"
-        if gate
-        else "failed, errored, crashed or timed out"
-    )
+    what = "failed, errored, crashed or timed out"
+    if gate is True:
+        what = "failed, errored, crashed, timed out or were unsupported (--strict)"
+    elif gate:
+        caps = ", ".join(sorted(gate))
+        what = f"failed, errored, crashed, timed out or were unsupported in {caps} (--require)"
     stopped = (
         f" (stopped at the first failure: {len(results)} of {total} ran)"
         if args.fail_fast and len(results) < total
