@@ -30,6 +30,20 @@ _CACHE = tempfile.mkdtemp(prefix="mlconf-test-cache-")
 os.environ["MLCONF_CACHE_DIR"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
+
+def pytest_configure(config):
+    """One C build cache per session (backends/native/build.py, $MLRT_BUILD_CACHE), shared by the
+    xdist workers, which inherit the variable from the controller: each C variant (a sanitizer
+    build, a driver, the clang build) is compiled once, whichever test asks first. Made fresh
+    here, never the user's: an entry is keyed by its inputs' hash, yet a test's outcome must not
+    depend on an existing cache."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    cache = tempfile.mkdtemp(prefix="mlconf-test-builds-")
+    os.environ["MLRT_BUILD_CACHE"] = cache
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+
+
 # Hypothesis: the same examples on every run and host (derandomize: drawn from a seed derived
 # from each test, not from the clock), no example database (.hypothesis/ in the working folder
 # would be an existing cache that changes what runs), no deadline (a slow machine must not fail a

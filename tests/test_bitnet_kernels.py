@@ -785,26 +785,9 @@ CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
 
 
 def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: list[str]) -> Path:
-    """Compile each source with its own flags (the ISA flags must not leak into the scalar twin)."""
-    objs = []
-    for src, flags in sources:
-        obj = out.parent / f"{out.name}.{src.stem}.o"
-        r = subprocess.run(
-            [cc, *CFLAGS, *flags, "-c", str(src), "-o", str(obj)],
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-        )
-        assert r.returncode == 0, f"{cc} {src.name}:\n{r.stderr}"
-        objs.append(str(obj))
-    r = subprocess.run(
-        [cc, *CFLAGS, *link, "-o", str(out), *objs, "-lm", "-lpthread"],
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-    )
-    assert r.returncode == 0, f"{cc} link:\n{r.stderr}"
-    return out
+    """Compile each source with its own flags (the ISA flags must not leak into the scalar twin)
+    and link: build.compile_link, once per session for the same inputs (BuildError fails)."""
+    return _load_build_module().compile_link(cc, CFLAGS, sources, link, out)
 
 
 def driver_sources(simd: list[str], extra: list[str]) -> list[tuple[Path, list[str]]]:

@@ -581,7 +581,7 @@ def aarch64_driver(tmp_path_factory) -> list[str]:
     (tmp / "driver.c").write_text(DRIVER, encoding="utf-8")
     flags = [f for f in build.CFLAGS if f != "-fPIC"]
     srcs = [*build.sources("aarch64"), (tmp / "driver.c", [])]
-    exe = build._compile_link("aarch64-linux-gnu-gcc", flags, srcs, ["-static"], tmp / "driver")
+    exe = build.compile_link("aarch64-linux-gnu-gcc", flags, srcs, ["-static"], tmp / "driver")
     return ["qemu-aarch64", str(exe)]
 
 

@@ -15,11 +15,18 @@ tools/gen_unicode_tables.py when it is missing or stale (unicode_tables()).
 
 build_worker links the same sources statically with worker_main.c into an executable, by default
 for aarch64 with the cross compiler: native:neon runs it under qemu-user on other hosts (qemu.py).
+
+With $MLRT_BUILD_CACHE set to a folder, every build (compile_link) is kept there under the hash of
+what makes it (compiler and its --version, flags, sources, the headers beside them) and a second
+build of the same inputs is a copy: the test session sets it (tests/conftest.py), so each C
+variant is compiled once per session, whichever xdist worker asks first.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import importlib.util
 import os
 import platform
@@ -140,7 +147,7 @@ def build(
         flags.append("-m32")
         machine = "i686"
         flags += _m32_asm_include(out.parent)
-    return _compile_link(cc, flags, sources(machine, lib), ["-shared"], out)
+    return compile_link(cc, flags, sources(machine, lib), ["-shared"], out)
 
 
 def _by_path(name: str, path: Path):
@@ -178,15 +185,65 @@ def _run(cmd: list[str]) -> None:
         raise BuildError(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
 
 
+BUILD_CACHE = "MLRT_BUILD_CACHE"
+
+
+def _build_key(cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]], link_flags: list[str]) -> str:
+    """sha256 of everything that makes the output: the compiler (its path and --version), every
+    flag, each source's bytes, and the headers of include/, of each source's folder and of -I
+    folders (the sources' #include set, over-approximated: a header edit misses the cache)."""
+    argv = shlex.split(cc)
+    version = subprocess.run([*argv, "--version"], capture_output=True).stdout
+    dirs = {HERE / "include", *(src.parent for src, _ in srcs)}
+    dirs |= {Path(f[2:]) for f in flags if f.startswith("-I") and len(f) > 2}
+    dirs |= {Path(b) for a, b in zip(flags, flags[1:], strict=False) if a == "-I"}
+    headers = sorted(h for d in dirs for h in d.glob("*.h"))
+    h = hashlib.sha256()
+    for part in (
+        repr((argv, shutil.which(argv[0]), flags, link_flags, [(str(s), isa) for s, isa in srcs])).encode(),
+        version,
+        *(src.read_bytes() for src, _ in srcs),
+        *(str(p).encode() + b"\0" + p.read_bytes() for p in headers),
+    ):
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()
+
+
+def compile_link(
+    cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]], link_flags: list[str], out: Path
+) -> Path:
+    """Compile each (source, its own flags: ISA flags must not leak into the scalar twin) and link
+    them into ``out`` with ``link_flags``; the result appears at once (rename), so a process that
+    has the previous file loaded is not disturbed. Under $MLRT_BUILD_CACHE, the same inputs are
+    compiled once (a lock per key: two processes asking together build once)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cache = os.environ.get(BUILD_CACHE, "").strip()
+    if any(src.parent == SRC for src, _ in srcs):
+        unicode_tables()  # before the key: the rendered header is one of its inputs
+    if not cache:
+        return _compile_link(cc, flags, srcs, link_flags, out)
+    kept = Path(cache) / _build_key(cc, flags, srcs, link_flags)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    files = _by_path("_mlconf_files", FILES)
+    with open(f"{kept}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not kept.exists():
+            _compile_link(cc, flags, srcs, link_flags, out)
+            with files.replacing(kept, mode=0o777) as tmp:
+                shutil.copyfile(out, tmp)
+            return out
+    with files.replacing(out, mode=0o777) as tmp:
+        shutil.copyfile(kept, tmp)
+    return out
+
+
 def _compile_link(
     cc: str, flags: list[str], srcs: list[tuple[Path, list[str]]], link_flags: list[str], out: Path
 ) -> Path:
-    """Compile each (source, ISA flags) in a temporary folder beside ``out``, link, and rename the
-    result into place at once, so a process that has the previous file loaded is not disturbed."""
+    """compile_link without the cache: the objects go to a temporary folder beside ``out``."""
     build_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.obj", dir=out.parent))
     try:
-        if any(src.parent == SRC for src, _ in srcs):
-            unicode_tables()
         objs = []
         for src, isa in srcs:
             obj = build_dir / (src.stem + ".o")
@@ -212,7 +269,7 @@ def build_worker(out: str | Path, machine: str = "aarch64", cc: str = "aarch64-l
     if not shlex.split(cc) or shutil.which(shlex.split(cc)[0]) is None:
         raise BuildError(f"C compiler {cc!r} not found")
     flags = [f for f in CFLAGS if f != "-fPIC"]
-    return _compile_link(cc, flags, [*sources(machine), (WORKER_MAIN, [])], ["-static"], out)
+    return compile_link(cc, flags, [*sources(machine), (WORKER_MAIN, [])], ["-static"], out)
 
 
 FUZZ = HERE / "fuzz"
@@ -232,7 +289,7 @@ def build_fuzzer(name: str, out: str | Path, cc: str = "clang") -> Path:
     flags = [f for f in CFLAGS if f not in ("-O2", "-fPIC", "-fvisibility=hidden")] + san
     target = FUZZ / f"{name}.c"
     covered = [(src, [*isa, "-fsanitize=fuzzer-no-link"]) for src, isa in sources()]  # coverage, no main
-    return _compile_link(cc, flags, [*covered, (target, [engine])], [engine], Path(out))
+    return compile_link(cc, flags, [*covered, (target, [engine])], [engine], Path(out))
 
 
 def main(argv: list[str] | None = None) -> int:
