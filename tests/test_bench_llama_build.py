@@ -24,6 +24,7 @@ def test_xeon_gets_avx512_and_vnni_without_native_or_amx():
     o = options(bench.llama_cpp_cmake_args(XEON))
     assert o["GGML_NATIVE"] == "OFF"
     assert o["GGML_AMX_TILE"] == o["GGML_AMX_INT8"] == o["GGML_AMX_BF16"] == "OFF"
+    assert o["LLAVA_BUILD"] == "OFF"  # the multimodal library nothing here loads
     for opt in (
         "GGML_AVX2",
         "GGML_FMA",

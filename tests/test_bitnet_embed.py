@@ -666,6 +666,7 @@ def _mutations(src: Path, folder: Path, n: int, seed: int) -> list[Path]:
     return out
 
 
+@pytest.mark.slow
 def test_sanitizer_build(build_mod, models, tmp_path):
     asan = _asan_runtime()
     if asan is None:

@@ -919,10 +919,12 @@ def check_driver(driver: list[str]) -> None:
         assert r.returncode == 10 + ML_E_FORMAT and not r.stdout, r.stderr
 
 
+@pytest.mark.slow
 def test_neon_under_qemu(neon_driver):
     check_driver(neon_driver)
 
 
+@pytest.mark.slow
 def test_sanitized_driver(sanitized_driver):
     check_driver(sanitized_driver)
 
@@ -970,9 +972,11 @@ def check_embed(driver: list[str]) -> None:
         here.close()
 
 
+@pytest.mark.slow
 def test_embed_under_qemu_matches_this_machine(neon_driver):
     check_embed(neon_driver)
 
 
+@pytest.mark.slow
 def test_embed_sanitized_matches_this_machine(sanitized_driver):
     check_embed(sanitized_driver)

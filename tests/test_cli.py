@@ -241,8 +241,9 @@ def test_decode_in_an_ascii_locale_escapes_what_it_cannot_print(tmp_path):
     no_traceback(r)
 
 
+@pytest.mark.slow
 def test_bench_tokenizer_runs():
-    r = mlconf("bench", "tokenizer")
+    r = mlconf("bench", "tokenizer", "--repeat", "1")  # the rows, not their spread
     assert r.returncode == 0, r.stderr
     impls = [
         line.split()[1]

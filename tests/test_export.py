@@ -133,6 +133,7 @@ def test_a_second_export_is_the_same_bytes(exported, tmp_path):
     assert _digest(again) == _digest(out)
 
 
+@pytest.mark.slow
 def test_same_bytes_whichever_loops_numpy_and_openblas_take(exported, tmp_path, dispatch_variants):
     """The reference's outputs (the vs_reference expectations) are the same bits when NumPy and
     OpenBLAS take another host's loops and sgemm kernels (backends/reference/portable.py); with

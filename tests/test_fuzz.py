@@ -24,6 +24,7 @@ from mlconf.tools import exits
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_seed_fixes_the_mutants():
     for area in ("loader", "tokenizer"):
         a, b = fuzz.mutants(area, 7), fuzz.mutants(area, 7)

@@ -168,6 +168,7 @@ sys.exit(program.main())
 """
 
 
+@pytest.mark.slow
 def test_embeddings_of_the_teachers(tmp_path, monkeypatch):
     """The F16 teacher GGUFs through llama.cpp's embedding path (norms written as F32, exactly):
     every pooling, normalized or not, within the oracle's and the reference's tolerance; the I2_S
@@ -200,6 +201,7 @@ def test_embeddings_of_the_teachers(tmp_path, monkeypatch):
     }
 
 
+@pytest.mark.slow
 def test_readme_conformance_table_is_the_run(tmp_path):
     """The README's "Conformance of llama.cpp" block is `mlconf report --conformance llama.cpp` of a
     run of llama.cpp beside native and the reference, regenerated here. Counts, case ids and bit-exact

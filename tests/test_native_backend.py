@@ -290,6 +290,7 @@ def test_worker_crash_is_a_distinct_exception(libs):
     assert b.load("/nonexistent/x.mlb").status == "ML_E_IO"  # the next call starts a fresh worker
 
 
+@pytest.mark.slow
 def test_a_sanitized_library_reports_the_sanitizer_summary(tmp_path):
     """build.py --sanitize output runs under lib:PATH: the worker preloads the ASan runtime."""
     try:

@@ -13,6 +13,8 @@ import pytest
 
 from mlconf.backends.native import build
 
+pytestmark = pytest.mark.slow  # libFuzzer builds and campaigns
+
 
 @pytest.fixture(scope="module")
 def corpus(generated, tmp_path_factory):

@@ -243,6 +243,7 @@ def test_mlrt_isa_sets_the_first_choice_of_both_libraries(kern, value, tmp_path)
     assert probe({**os.environ, "MLRT_ISA": value}) == (["scalar"] * 2 if value == "scalar" else unset)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed (apt-get install clang)")
 def test_clang_builds_both_libraries_with_the_same_kernels(kern, tmp_path, monkeypatch):
     """CC=clang (the README's other compiler) compiles every source with -Werror (both libraries
@@ -758,6 +759,7 @@ NEON_RUNS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("cpu", "args", "tables"), NEON_RUNS, ids=["dotprod", "no-dotprod", "forced-neon"])
 def test_neon_kernels(neon_driver, cpu, args, tables):
     cmd = list(neon_driver)
@@ -776,6 +778,7 @@ def test_neon_kernels(neon_driver, cpu, args, tables):
         ), out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", ["scalar", "neon", "neon-dotprod"])
 def test_neon_quantize_matches_reference(neon_driver, table):
     """The aarch64 build (FMA in the base ISA: contraction would show here) against the reference."""
@@ -795,6 +798,7 @@ def test_neon_quantize_matches_reference(neon_driver, table):
     assert not len(bad), f"{table}: {len(bad)} of {len(x)} blocks differ from the reference, first {bad[:5]}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not X86, reason="the AVX2 driver build is for x86-64")
 def test_avx2_driver_sanitized(tmp_path):
     """The same driver natively against the x86 tables this CPU runs (AVX2, AVX-VNNI, AVX-512),
@@ -831,6 +835,7 @@ def test_pool(tmp_path):
     assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_pool_thread_sanitizer(tmp_path):
     exe = _pool_build(tmp_path, ["-O1", "-g", "-fsanitize=thread"])
     r = _run([str(exe)], timeout=120)

@@ -480,6 +480,7 @@ def m32_driver(build_mod, tmp_path_factory) -> Path:
     return _driver(tmp, so, ["-m32"])
 
 
+@pytest.mark.slow
 def test_m32_build_on_every_fixture(m32_driver, mlb_fixtures, valid_files, tmp_path):
     """32-bit size_t: the size-overflow fixtures and headers implying > 2^32 or > 2^64 bytes are
     truncated bodies, never wrapped sizes; every other fixture as on 64-bit."""
@@ -524,6 +525,7 @@ def _mutation_corpus(files, folder: Path, n: int) -> list[Path]:
     return paths
 
 
+@pytest.mark.slow
 def test_sanitizer_build_on_fixtures_and_mutations(asan_libmlrt, mlb_fixtures, valid_files, tmp_path):
     asan = _asan_runtime()
     if asan is None:

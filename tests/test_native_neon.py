@@ -28,7 +28,10 @@ ARM = platform.machine() in ("aarch64", "arm64")
 AREAS = ["header", "loader", "quant", "forward", "tokenizer"]
 MODEL = GOLDEN_DIR / "logits" / "qwen3_qk_norm_f16.mlb"
 
-pytestmark = pytest.mark.skipif(ARM, reason="on aarch64 native:neon is the library itself, not qemu")
+pytestmark = [
+    pytest.mark.skipif(ARM, reason="on aarch64 native:neon is the library itself, not qemu"),
+    pytest.mark.slow,  # the cross build and qemu-user
+]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ import pytest
 from mlconf import cases, runner
 from mlconf.backends import get
 
+pytestmark = pytest.mark.slow  # the runtime under ASan/UBSan
+
 SMOKE_MUTANTS = 20000  # per loader: 105 s (loader) and 24 s (tokenizer) on the Xeon host
 
 

@@ -394,6 +394,7 @@ def asan_backend(asan_libmlrt):
         backend.close()
 
 
+@pytest.mark.slow
 def test_tokenizer_under_sanitizers(asan_backend, tmp_path):
     backend, sessions = asan_backend
     sel = cases.collect(["tokenizer"])
@@ -418,6 +419,7 @@ def test_tokenizer_under_sanitizers(asan_backend, tmp_path):
 ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=()), max_size=80)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(text=ANY_TEXT, which=st.sampled_from(FUZZ))
 def test_fuzz_under_sanitizers(asan_backend, text, which):

@@ -278,6 +278,7 @@ def _marks() -> list[int]:
     return [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and unicodedata.combining(chr(c))]
 
 
+@pytest.mark.slow
 def test_nfc_base_mark_pairs(uc):
     """Every base that starts a primary composite (and a sample of others) with every mark."""
     marks = _marks()
@@ -605,10 +606,12 @@ def _check_build(driver: list[str]) -> None:
         assert "".join(map(chr, got.tolist())) == data.decode("utf-8", "replace"), data
 
 
+@pytest.mark.slow
 def test_m32_build(m32_driver):
     _check_build(m32_driver)
 
 
+@pytest.mark.slow
 def test_sanitizer_build(asan_driver):
     """AddressSanitizer + UBSan: the same checks, plus random bytes and code points."""
     _check_build(asan_driver)
@@ -623,5 +626,6 @@ def test_sanitizer_build(asan_driver):
         assert "".join(map(chr, got.tolist())) == nfc("".join(map(chr, cps)))
 
 
+@pytest.mark.slow
 def test_aarch64_build_under_qemu(aarch64_driver):
     _check_build(aarch64_driver)
