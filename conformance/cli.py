@@ -1146,6 +1146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NothingSelected as e:
         print(f"mlconf: {e}", file=sys.stderr)
         return exits.NOTHING
+    except BrokenPipeError:  # `mlconf diff | head`: the reader left; stop quietly, as cat and grep do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second EPIPE at exit
+        return exits.BROKEN_PIPE
     except OSError as e:  # a file the user named cannot be read or written
         where = e.filename2 or e.filename
         print(f"mlconf: error: {where or ''}: {e.strerror or e}", file=sys.stderr)

@@ -7,6 +7,8 @@
                 the command cannot use (an unconvertible checkpoint, a bad results.json)
 5   NOTHING     nothing selected (-k / --area / --shard matched no case), as pytest's 5
 130 INTERRUPTED Ctrl-C
+141 BROKEN_PIPE the reader of stdout left (`mlconf diff | head`): nothing printed, as a shell's
+                128 + SIGPIPE
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-OK, FAILED, REJECTED, USAGE, NOTHING, INTERRUPTED = 0, 1, 2, 4, 5, 130
+OK, FAILED, REJECTED, USAGE, NOTHING, INTERRUPTED, BROKEN_PIPE = 0, 1, 2, 4, 5, 130, 141
 
 
 class ArgumentParser(argparse.ArgumentParser):
