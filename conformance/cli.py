@@ -1147,7 +1147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mlconf: {e}", file=sys.stderr)
         return exits.NOTHING
     except BrokenPipeError:  # `mlconf diff | head`: the reader left; stop quietly, as cat and grep do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second EPIPE at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush meets no second EPIPE
+        os.close(devnull)
         return exits.BROKEN_PIPE
     except OSError as e:  # a file the user named cannot be read or written
         where = e.filename2 or e.filename
