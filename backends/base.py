@@ -66,7 +66,9 @@ class WorkerTimeout(BackendError):
 class LoadResult:
     status: str  # one of STATUSES
     reason: str = ""
-    rule: str = ""  # reference only: the failing rule id of specs/mlb_errors.yaml
+    # the id of the rule that refused the file (specs/mlb_errors.yaml, specs/mlt.yaml), "" when
+    # accepted; None when the backend does not say (its loader cases are judged by status only)
+    rule: str | None = None
 
     @property
     def ok(self) -> bool:

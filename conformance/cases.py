@@ -198,7 +198,7 @@ def _forward_cases(target: specs.Version | None = None) -> list[Case]:
         head = versions.read_head(npz.with_suffix(".mlb"))
         needs = versions.file_version(head)
         if target is not None and needs is not None and needs > target:
-            status, _ = versions.expected("ML_OK", "", head, target)
+            status, rule, _ = versions.expectation("ML_OK", "", head, target)
             out.append(
                 Case(
                     f"forward/{name}/refused_by_older",
@@ -207,7 +207,7 @@ def _forward_cases(target: specs.Version | None = None) -> list[Case]:
                     f"mlb_header.yaml#versions (golden/logits/{name}.mlb needs Krafla "
                     f"{specs.format_version(needs)})",
                     "status",
-                    {"path": npz.with_suffix(".mlb")},
+                    {"path": npz.with_suffix(".mlb"), "rule": rule},
                     status,
                 )
             )

@@ -9,7 +9,9 @@ float formatting of their own (floats are JSON numbers, non-finite ones the stri
 "Infinity", "-Infinity"), so two runs of the same cases give the same records.
 
 Distances by kind (null when the case did not run to a comparison, or for a refusal):
-  statuses         expected, got, reason (the backend's reason string)
+  statuses         expected, got, reason (the backend's reason string), rule_expected (the rule
+                   id that must refuse the file, "" for an accepted one, null if the case names
+                   none), rule_got (the backend's rule id; null: it does not report one)
   quantizer bytes, i2s bytes
                    differ (bytes that differ), first_diff (first differing byte, or null)
   logits           differ (elements), max_abs, max_ulp, nmse, argmax (agreement, rows = positions)
@@ -119,7 +121,13 @@ def distances(result) -> dict | None:
     if kind == "statuses":
         if "got" not in m:
             return None
-        return {"expected": m["expected"], "got": m["got"], "reason": m.get("reason", "")}
+        return {
+            "expected": m["expected"],
+            "got": m["got"],
+            "reason": m.get("reason", ""),
+            "rule_expected": m.get("rule_expected"),
+            "rule_got": m.get("rule_got"),
+        }
     if result.outcome not in RAN or result.compare == "refused":
         return None
     if kind in ARRAY_KEYS:

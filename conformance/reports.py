@@ -377,6 +377,7 @@ def summary_md(doc: dict, wall: float | None = None) -> str:
         )
         + "\n"
     )
+    out += _rule_lines(doc)
     mrows = [
         [
             m["a"],
@@ -435,6 +436,26 @@ def summary_md(doc: dict, wall: float | None = None) -> str:
         else "Wall time: not recorded (rebuilt from results.json)."
     )
     return "\n".join(out) + "\n"
+
+
+def _rule_lines(doc: dict) -> list[str]:
+    """How each backend's status verdicts were judged: by status and rule id, or by status only
+    (a backend that does not report the rule behind a status: no ml_check_rule)."""
+    judged: dict[str, Counter] = defaultdict(Counter)
+    for r in doc["records"]:
+        d = r["distances"] or {}
+        if r["output_kind"] == "statuses" and d.get("rule_expected") is not None:
+            judged[r["backend"]]["rule" if d.get("rule_got") is not None else "status only"] += 1
+    lines = [
+        f"- {b}: {c['rule']} by status and rule id, {c['status only']} by status only"
+        + (
+            " (it does not report rules: ml_check_rule, ml_tok_check_rule or `rule`)"
+            if c["status only"]
+            else ""
+        )
+        for b, c in sorted(judged.items())
+    ]
+    return ["## Status verdicts\n", *lines, ""] if lines else []
 
 
 # ---------------------------------------------------------------- junit.xml

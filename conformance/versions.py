@@ -84,9 +84,15 @@ def file_version(data: bytes) -> Version | None:
 def expected(status: str, rule: str, data: bytes, target: Version | None) -> tuple[str, str]:
     """(the status a Krafla ``target`` runtime must give, why) for a file whose newest-version
     expectation is ``status`` (breaking ``rule``, "" for a valid file)."""
+    st, _, why = expectation(status, rule, data, target)
+    return st, why
+
+
+def expectation(status: str, rule: str, data: bytes, target: Version | None) -> tuple[str, str, str]:
+    """As expected(), with the rule that refuses the file at ``target`` in the middle ("": none)."""
     later = [f for f in features(data) if target is not None and f.since > target]
     if not later:
-        return status, ""
+        return status, rule, ""
     rules = specs.load("mlb_errors")["rules"]
     order = {r["id"]: i for i, r in enumerate(rules)}
     first = min(later, key=lambda f: order[f.refused_by])
@@ -95,8 +101,8 @@ def expected(status: str, rule: str, data: bytes, target: Version | None) -> tup
         f"{specs.format_version(target)}: refused by {first.refused_by}"
     )
     if rule and order[rule] < order[first.refused_by]:
-        return status, f"{why}, but {rule} comes first"
-    return rules[order[first.refused_by]]["status"], why
+        return status, rule, f"{why}, but {rule} comes first"
+    return rules[order[first.refused_by]]["status"], first.refused_by, why
 
 
 def boundaries() -> list[Version]:

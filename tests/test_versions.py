@@ -116,16 +116,25 @@ def test_native_switch_gives_the_derived_statuses(name, target):
 
 
 def test_a_runtime_without_a_switch_fails_exactly_on_the_newer_files(generated):
-    """The newest reference gated as 0.8.0: fails on the fixtures whose older status differs."""
+    """The newest reference gated as 0.8.0: fails on the fixtures whose older status differs, and
+    (it reports rules) on those a 0.8.0 runtime refuses with the same status by another rule."""
     out, _ = generated
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    differ = {
-        f["file"]
+
+    def older_rule(f: dict) -> str:
+        return versions.expectation(
+            f["expected"], f.get("rule", ""), versions.read_head(out / f["file"]), (0, 8, 0)
+        )[1]
+
+    newer = [
+        f
         for f in manifest["fixtures"]
-        if f["min_version"]
-        and specs.parse_version(f["min_version"]) > (0, 8, 0)
-        and f["expected_older"] != f["expected"]
+        if f["min_version"] and specs.parse_version(f["min_version"]) > (0, 8, 0)
+    ]
+    differ = {
+        f["file"] for f in newer if f["expected_older"] != f["expected"] or older_rule(f) != f.get("rule", "")
     }
+    assert any(f["expected_older"] == f["expected"] for f in newer if f["file"] in differ)  # a rule moved
     selected = [c for c in _load_cases((0, 8, 0)) if c.area != "forward"]
     results = runner.run(selected, [ReferenceBackend()])
     failed = {c.params["fixture"].file for c, r in zip(selected, results, strict=True) if r.outcome == "fail"}

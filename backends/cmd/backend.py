@@ -169,7 +169,9 @@ class CmdBackend:
     def _status(self, r: dict, where: str) -> LoadResult:
         st = reply_field(r, "status", str, f"{self.name}: {where}")
         reason = r.get("reason") or ""
-        return LoadResult(st, str(reason))  # a status outside STATUSES: the runner reports it
+        rule = r.get("rule")  # optional: None means the program does not say
+        # a status outside STATUSES: the runner reports it
+        return LoadResult(st, str(reason), None if rule is None else str(rule))
 
     def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
         self._need("quantize_q8_0")

@@ -39,7 +39,11 @@ Handles are integers (or strings) the program chooses; they live as long as the 
                                                               (load, quantize_q8_0, quantize_q4_0, forward,
                                                               load_tokenizer, encode, i2s, embed)
   load           path                                         status ("ML_OK", "ML_E_IO", "ML_E_FORMAT",
-                                                              "ML_E_SHAPE"), reason (string)
+                                                              "ML_E_SHAPE"), reason (string), and
+                                                              optionally rule: the id of the rule of
+                                                              specs/mlb_errors.yaml that refused the
+                                                              file ("" when accepted); without it the
+                                                              case is judged by its status only
   quantize_q8_0  x: f32, shape: [..., k*32], f16: bool         q: int8 (one per input value),
                                                               d: f32, or f16 bits when f16 (one per block)
   quantize_q4_0  x, shape, f16 as above, rule: "round" |       q: uint8, 16 bytes per block (nibble j: x[j]
@@ -50,7 +54,8 @@ Handles are integers (or strings) the program chooses; they live as long as the 
   reset          handle                                       (nothing)
   close          handle (any handle: model, tokenizer,        (nothing)
                  embedder)
-  load_tokenizer path, model_vocab: int or null               status, reason
+  load_tokenizer path, model_vocab: int or null               status, reason, optionally rule
+                                                              (specs/mlt.yaml), as load
   open_tokenizer path                                         handle
   encode         handle, text: string, utf8: base64 of the    ids: [ints]
                  text's UTF-8 bytes (the same text; use it

@@ -23,6 +23,7 @@ int ml_set_target_version(uint32_t major, uint32_t minor, uint32_t patch);
 
 typedef struct ml_model ml_model;
 int ml_check(const char *path, char *reason, size_t reason_len);
+int ml_check_rule(const char *path, char *rule, size_t rule_len, char *reason, size_t reason_len);
 int ml_load(const char *path, int32_t ctx, int32_t threads, ml_model **out, char *reason, size_t reason_len);
 void ml_free(ml_model *m);
 void ml_reset(ml_model *m);
@@ -40,6 +41,8 @@ int ml_quantize_q4_0(const float *x, size_t rows, size_t cols, int rule, int f16
 typedef struct ml_tokenizer ml_tokenizer;
 int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason, size_t reason_len);
 void ml_tok_free(ml_tokenizer *t);
+int ml_tok_check_rule(const char *path, int32_t model_vocab, char *rule, size_t rule_len, char *reason,
+                      size_t reason_len);
 int ml_tok_encode(const ml_tokenizer *t, const char *text, size_t len, int32_t *ids, size_t cap,
                   size_t *n_out);
 int ml_tok_decode(const ml_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
@@ -73,6 +76,7 @@ FUNCTIONS = (
     "ml_set_isa",
     "ml_set_target_version",
     "ml_check",
+    "ml_check_rule",
     "ml_load",
     "ml_free",
     "ml_reset",
@@ -86,6 +90,7 @@ FUNCTIONS = (
     "ml_quantize_q4_0",
     "ml_tok_load",
     "ml_tok_free",
+    "ml_tok_check_rule",
     "ml_tok_encode",
     "ml_tok_decode",
     "ml_i2s_quantize",
@@ -127,6 +132,7 @@ CAPABILITY_SYMBOLS: dict[str, tuple[str, ...]] = {
 READING_CODES = {None: 0, "float": 1, "ternary": 2}
 
 REASON_LEN = 1024  # bytes of the reason buffers given to ml_check, ml_load and ml_tok_load
+RULE_LEN = 128  # bytes of the rule buffers of ml_check_rule and ml_tok_check_rule
 
 
 def status_name(code: int) -> str:

@@ -125,10 +125,10 @@ class LibraryBackend:
     # -- the Backend protocol
     def load(self, path: str) -> LoadResult:
         self._need("load")
-        st, reason = self._path_call(f"load({str(path)!r})", "check", path)
+        st, reason, rule = self._path_call(f"load({str(path)!r})", "check", path)
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_check returned ML_E_UNSUPPORTED")
-        return LoadResult(abi.status_name(st), reason)
+        return LoadResult(abi.status_name(st), reason, rule)
 
     def quantize_q8_0(self, x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
         self._need("quantize_q8_0")
@@ -196,12 +196,12 @@ class LibraryBackend:
     def load_tokenizer(self, path: str, model_vocab: int | None = None) -> LoadResult:
         self._need("load_tokenizer")
         mv = int32(model_vocab or 0, "model_vocab")  # 0: no model vocabulary to check against
-        st, reason = self._path_call(
+        st, reason, rule = self._path_call(
             f"load_tokenizer({str(path)!r}, model_vocab={model_vocab})", "tok_check", path, mv
         )
         if st == abi.ML_E_UNSUPPORTED:
             raise Unsupported(reason or "ml_tok_load returned ML_E_UNSUPPORTED")
-        return LoadResult(abi.status_name(st), reason)
+        return LoadResult(abi.status_name(st), reason, rule)
 
     def open_tokenizer(self, path: str) -> TokenizerSession:
         self._need("encode")

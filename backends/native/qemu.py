@@ -58,6 +58,7 @@ OPS = {
     "tok_free": 13,
     "quantize_q4_0": 14,
     "target_version": 15,
+    "tok_check": 16,
 }
 U32 = 2**32 - 1
 
@@ -166,6 +167,9 @@ def _encode(op: str, args: tuple) -> bytes:
         return _s(isa or "")
     if op == "check":
         return _s(args[0])
+    if op == "tok_check":
+        path, model_vocab = args
+        return _s(path) + struct.pack("<i", model_vocab)
     if op == "target_version":
         return struct.pack("<III", *args)
     if op == "quantize_q8_0":
@@ -204,8 +208,8 @@ def _decode(op: str, args: tuple, r: _Buf, vocab: dict[int, int]):
     if op == "info":
         st, version, isa = r.i32(), r.str(), r.str()
         return st, version, isa, [r.str() for _ in range(r.u32())]
-    if op == "check":
-        return r.i32(), r.str()
+    if op in ("check", "tok_check"):
+        return r.i32(), r.str(), r.str()
     if op == "quantize_q8_0":
         x, f16 = args
         n = int(np.asarray(x).size)
@@ -284,14 +288,7 @@ class QemuWorker(Worker):
         return self.info
 
     def call(self, desc: str, op: str, *args):
-        """Run ``op(*args)`` in the worker (worker.py's operation names); tok_check is tok_load
-        then tok_free."""
-        if op == "tok_check":
-            path, model_vocab = args
-            st, h, reason = self.call(desc, "tok_load", path, model_vocab)
-            if h is not None:
-                self.call(desc, "tok_free", h)
-            return st, reason
+        """Run ``op(*args)`` in the worker (worker.py's operation names)."""
         if op not in OPS:
             raise BackendError(f"worker error during {desc}: unknown operation {op!r}")
         if not self.alive():

@@ -145,10 +145,17 @@ class _Server:
         return self.lib.ml_set_target_version(major, minor, patch)
 
     # -- models
-    def check(self, path: str) -> tuple[int, str]:
+    def check(self, path: str) -> tuple[int, str, str | None]:
+        """(status, reason, rule id); the rule is None when the library lacks ml_check_rule."""
         reason = self._reason()
+        if "ml_check_rule" in self.symbols:
+            rule = self.ffi.new("char[]", self.abi.RULE_LEN)
+            st = self.lib.ml_check_rule(
+                os.fsencode(path), rule, self.abi.RULE_LEN, reason, self.abi.REASON_LEN
+            )
+            return st, self._text(reason), self._text(rule)
         st = self.lib.ml_check(os.fsencode(path), reason, self.abi.REASON_LEN)
-        return st, self._text(reason)
+        return st, self._text(reason), None
 
     def load(self, path: str, ctx: int, threads: int) -> tuple[int, int | None, str, int, int]:
         out = self.ffi.new("ml_model **")
@@ -311,11 +318,18 @@ class _Server:
             return st, None, self._text(reason)
         return st, self._keep(out[0]), self._text(reason)
 
-    def tok_check(self, path: str, model_vocab: int) -> tuple[int, str]:
+    def tok_check(self, path: str, model_vocab: int) -> tuple[int, str, str | None]:
+        """As check, for .mlt files (ml_tok_check_rule, else ml_tok_load)."""
+        if "ml_tok_check_rule" in self.symbols:
+            reason, rule = self._reason(), self.ffi.new("char[]", self.abi.RULE_LEN)
+            st = self.lib.ml_tok_check_rule(
+                os.fsencode(path), model_vocab, rule, self.abi.RULE_LEN, reason, self.abi.REASON_LEN
+            )
+            return st, self._text(reason), self._text(rule)
         st, h, reason = self.tok_load(path, model_vocab)
         if h is not None:
             self.tok_free(h)
-        return st, reason
+        return st, reason, None
 
     def tok_free(self, h: int) -> None:
         t = self.objects.pop(h, None)

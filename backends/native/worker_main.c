@@ -19,7 +19,8 @@
  *   1  INFO            str isa ("" keeps the automatic choice)  i32 ml_set_isa status (0 if isa is
  *                                                              ""), str ml_version(), str ml_isa(),
  *                                                              u32 n, n str: the ABI functions served
- *   2  CHECK           str path                                i32 status, str reason
+ *   2  CHECK           str path                                i32 status, str reason, str rule
+ *                                                              (ml_check_rule)
  *   3  QUANTIZE_Q8_0   u32 f16, f32 x[n]                       i32 status, i8 q[n], then ceil(n/32)
  *                                                              scales: f32, or f16 bits (u16) if f16
  *   4  LOAD            str path, i32 ctx, i32 threads          i32 status, u32 handle (0: none),
@@ -38,6 +39,8 @@
  *                      u32 has_importance, f32 importance[cols  rows*cols/32 scales: f32, or f16 bits
  *                      if has_importance], f32 x[rows*cols]    (u16) if f16
  *   15 TARGET_VERSION  u32 major, u32 minor, u32 patch          i32 ml_set_target_version status
+ *   16 TOK_CHECK       str path, i32 model_vocab               i32 status, str reason, str rule
+ *                                                              (ml_tok_check_rule)
  * Handles name models and tokenizers living in this process; they start at 1 and are not reused.
  *
  * Test hook: with MLRT_WORKER_TEST_HOOKS=1 in the environment, CHECK of a path whose file name
@@ -67,13 +70,13 @@
 enum {
     OP_INFO = 1, OP_CHECK, OP_QUANTIZE_Q8_0, OP_LOAD, OP_FORWARD, OP_RESET, OP_FREE, OP_IMATRIX_START,
     OP_IMATRIX_GET, OP_TOK_LOAD, OP_TOK_ENCODE, OP_TOK_DECODE, OP_TOK_FREE, OP_QUANTIZE_Q4_0,
-    OP_TARGET_VERSION
+    OP_TARGET_VERSION, OP_TOK_CHECK
 };
 
 static const char *const FUNCTIONS[] = {
-    "ml_version", "ml_isa", "ml_set_isa", "ml_set_target_version", "ml_check", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx",
+    "ml_version", "ml_isa", "ml_set_isa", "ml_set_target_version", "ml_check", "ml_check_rule", "ml_load", "ml_free", "ml_reset", "ml_vocab", "ml_ctx",
     "ml_forward", "ml_imatrix_start", "ml_imatrix_get", "ml_quantize_q8_0", "ml_quantize_q4_0", "ml_tok_load",
-    "ml_tok_free", "ml_tok_encode", "ml_tok_decode",
+    "ml_tok_free", "ml_tok_check_rule", "ml_tok_encode", "ml_tok_decode",
 };
 
 /* ---------------------------------------------------------------- payload reading and writing */
@@ -263,11 +266,12 @@ static uint32_t op_check(reader *r, writer *w) {
     char *path = get_str(r, "CHECK: str path");
     if (!path) return fail("%s", r->bad);
     if (test_hooks()) test_hook_check(path);
-    char reason[REASON_LEN] = "";
-    int st = ml_check(path, reason, sizeof reason);
+    char reason[REASON_LEN] = "", rule[128] = "";
+    int st = ml_check_rule(path, rule, sizeof rule, reason, sizeof reason);
     free(path);
     put_i32(w, st);
     put_str(w, reason);
+    put_str(w, rule);
     return WK_OK;
 }
 
@@ -407,7 +411,8 @@ static uint32_t op_model(reader *r, writer *w, int op) {
     return WK_OK;
 }
 
-static uint32_t op_tok_load(reader *r, writer *w) {
+/* TOK_LOAD, or (check) TOK_CHECK: the same request, validated only. */
+static uint32_t op_tok_load(reader *r, writer *w, int check) {
     char *path = get_str(r, "TOK_LOAD: str path");
     int32_t model_vocab = get_i32(r, "TOK_LOAD: i32 model_vocab");
     if (r->bad) {
@@ -415,6 +420,15 @@ static uint32_t op_tok_load(reader *r, writer *w) {
         return fail("%s", r->bad);
     }
     char reason[REASON_LEN] = "";
+    if (check) {
+        char rule[128] = "";
+        int st = ml_tok_check_rule(path, model_vocab, rule, sizeof rule, reason, sizeof reason);
+        free(path);
+        put_i32(w, st);
+        put_str(w, reason);
+        put_str(w, rule);
+        return WK_OK;
+    }
     ml_tokenizer *t = NULL;
     int st = ml_tok_load(path, model_vocab, &t, reason, sizeof reason);
     free(path);
@@ -527,7 +541,8 @@ static uint32_t serve(uint32_t op, reader *r, writer *w) {
     case OP_FREE:
     case OP_IMATRIX_START:
     case OP_IMATRIX_GET: st = op_model(r, w, (int)op); break;
-    case OP_TOK_LOAD: st = op_tok_load(r, w); break;
+    case OP_TOK_LOAD: st = op_tok_load(r, w, 0); break;
+    case OP_TOK_CHECK: st = op_tok_load(r, w, 1); break;
     case OP_TOK_ENCODE: st = op_tok_encode(r, w); break;
     case OP_TOK_DECODE: st = op_tok_decode(r, w); break;
     case OP_TOK_FREE: st = op_tok_free(r); break;

@@ -482,7 +482,7 @@ def load(path: str | os.PathLike, version: specs.Version | None = None) -> LoadR
         reason = RULES[r["id"]](c)
         if reason is not None:
             return LoadResult(r["status"], f"{name}: {reason} [{r['id']}]", r["id"])
-    return LoadResult("ML_OK", f"{name}: accepted")
+    return LoadResult("ML_OK", f"{name}: accepted", "")
 
 
 def header_problem(h: dict, flags: bytes | None) -> tuple[str, str] | None:

@@ -207,7 +207,7 @@ def check(data: bytes, name: str = "<bytes>", model_vocab: int | None = None) ->
         reason = RULES[r["id"]](c)
         if reason is not None:
             return LoadResult(r["status"], f"{name}: {reason} [{r['id']}]", r["id"])
-    return LoadResult("ML_OK", f"{name}: accepted")
+    return LoadResult("ML_OK", f"{name}: accepted", "")
 
 
 def load_bytes(path: str | os.PathLike, model_vocab: int | None = None) -> tuple[LoadResult, bytes]:

@@ -4,6 +4,9 @@
     python cmd_one_mistake.py rule RULE   its loader accepts every file whose first failing rule
                                           (specs/mlb_errors.yaml) is RULE
     python cmd_one_mistake.py yarn        its forward ignores yarn's rope_attn_factor
+    python cmd_one_mistake.py misrule RULE OTHER
+                                          its loader reports the rule behind each status (the
+                                          reply's `rule`), but names OTHER where RULE refused
 
 It speaks protocol version 1 (backends/cmd/protocol.py): hello, load, open_model, forward, reset,
 close. A NumericError of the reference is answered with kind "nonfinite", a refused file with
@@ -32,6 +35,12 @@ def load(req: dict) -> dict:
     res = REF.load(req["path"])
     if MISTAKE[0] == "rule" and res.rule == MISTAKE[1]:
         return {"status": "ML_OK", "reason": f"rule {res.rule} is not checked here"}
+    if MISTAKE[0] == "misrule":
+        return {
+            "status": res.status,
+            "reason": res.reason,
+            "rule": MISTAKE[2] if res.rule == MISTAKE[1] else res.rule,
+        }
     return {"status": res.status, "reason": res.reason}
 
 

@@ -45,6 +45,11 @@ typedef struct ml_model ml_model;
 
 /* Validate only: the status of the first failing rule, in specs/mlb_errors.yaml order. */
 int ml_check(const char *path, char *reason, size_t reason_len);
+/* Optional: ml_check, and `rule` receives the id of that rule (specs/mlb_errors.yaml `id`, e.g.
+ * "format.truncated_body"; "" when the file is accepted), NUL-terminated, truncated to rule_len.
+ * With it, mlconf fails a case refused with the right status by the wrong rule; without it a
+ * loader case is judged by its status alone ("status only" in the reports). */
+int ml_check_rule(const char *path, char *rule, size_t rule_len, char *reason, size_t reason_len);
 
 /* Load (validating as ml_check) with a KV cache of ctx positions (0: max_seq; at most max_seq)
  * and `threads` worker threads (0: the number of cores). On failure *out is NULL. */
@@ -94,6 +99,10 @@ typedef struct ml_tokenizer ml_tokenizer;
  * 0 or negative: no model given. */
 int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason, size_t reason_len);
 void ml_tok_free(ml_tokenizer *t);
+/* Optional: validate as ml_tok_load, and `rule` receives the id of the rule of specs/mlt.yaml that
+ * refused the file ("" when accepted), as ml_check_rule does for .mlb files. */
+int ml_tok_check_rule(const char *path, int32_t model_vocab, char *rule, size_t rule_len, char *reason,
+                      size_t reason_len);
 /* Encode UTF-8 text: ids receives at most cap ids; *n_out the number needed (ML_E_ARG if > cap). */
 int ml_tok_encode(const ml_tokenizer *t, const char *text, size_t len, int32_t *ids, size_t cap, size_t *n_out);
 /* Decode ids to bytes: out receives at most cap bytes; *len_out the number needed. */

@@ -580,8 +580,9 @@ static int validate(mlb_file *f) {
 }
 
 /* ---------------------------------------------------------------- public */
-ML_API int ml_check(const char *path, char *reason, size_t reason_len) {
-    mlb_file f = {.rep = {path ? path : "(null)", reason, reason_len}};
+ML_API int ml_check_rule(const char *path, char *rule, size_t rule_len, char *reason, size_t reason_len) {
+    mlb_file f = {.rep = {path ? path : "(null)", reason, reason_len, rule, rule_len}};
+    ml_reason(rule, rule_len, "%s", "");
     if (!path) return ml_fail(&f.rep, ML_E_ARG, "io.open", "no path");
     int rc = validate(&f);
     if (rc == ML_OK) {
@@ -589,6 +590,10 @@ ML_API int ml_check(const char *path, char *reason, size_t reason_len) {
         unmap_file(&f);
     }
     return rc;
+}
+
+ML_API int ml_check(const char *path, char *reason, size_t reason_len) {
+    return ml_check_rule(path, NULL, 0, reason, reason_len);
 }
 
 int ml_model_open(const char *path, struct ml_model *m, char *reason, size_t reason_len) {

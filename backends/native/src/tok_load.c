@@ -202,9 +202,11 @@ static void tok_destroy(ml_tokenizer *t) {
     free(t);
 }
 
-ML_API int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason,
-                       size_t reason_len) {
-    ml_report rep = {path ? path : "(null)", reason, reason_len};
+/* ml_tok_load and ml_tok_check_rule (out NULL: validate only). */
+static int tok_open(const char *path, int32_t model_vocab, ml_tokenizer **out, char *rule, size_t rule_len,
+                    char *reason, size_t reason_len) {
+    ml_report rep = {path ? path : "(null)", reason, reason_len, rule, rule_len};
+    ml_reason(rule, rule_len, "%s", "");
     if (out) *out = NULL;
     if (!path) return ml_fail(&rep, ML_E_ARG, "io.open", "no path");
     ml_tokenizer *t = calloc(1, sizeof *t);
@@ -227,6 +229,16 @@ ML_API int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out
     ml_reason(reason, reason_len, "%s: accepted", rep.path);
     *out = t;
     return ML_OK;
+}
+
+ML_API int ml_tok_load(const char *path, int32_t model_vocab, ml_tokenizer **out, char *reason,
+                       size_t reason_len) {
+    return tok_open(path, model_vocab, out, NULL, 0, reason, reason_len);
+}
+
+ML_API int ml_tok_check_rule(const char *path, int32_t model_vocab, char *rule, size_t rule_len, char *reason,
+                             size_t reason_len) {
+    return tok_open(path, model_vocab, NULL, rule, rule_len, reason, reason_len);
 }
 
 ML_API void ml_tok_free(ml_tokenizer *t) {

@@ -117,11 +117,14 @@ static inline void ml_reason(char *reason, size_t reason_len, const char *fmt, .
 }
 
 /* A validating loader's reason buffer: ml_fail fills it as "PATH: <what> [rule]" and returns the
- * status, so that every refusal names the file, the field and the rule (loader.c, tok_load.c). */
+ * status, so that every refusal names the file, the field and the rule (loader.c, tok_load.c).
+ * `rule`, when set (ml_check_rule, ml_tok_check_rule), receives the bare rule id. */
 typedef struct {
     const char *path;
     char *reason;
     size_t reason_len;
+    char *rule;
+    size_t rule_len;
 } ml_report;
 
 __attribute__((format(printf, 4, 5)))
@@ -132,6 +135,7 @@ static inline int ml_fail(const ml_report *r, int status, const char *rule, cons
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     ml_reason(r->reason, r->reason_len, "%s: %s [%s]", r->path, what, rule);
+    ml_reason(r->rule, r->rule_len, "%s", rule);
     return status;
 }
 
