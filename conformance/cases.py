@@ -169,6 +169,86 @@ def _edge_cases() -> list[Case]:
     return out
 
 
+# Matrices assembled from the edge blocks of one op (quant.yaml `assembled`): every rule quantizes
+# block by block (the search too, without an importance), so the expectation of a matrix is its
+# blocks' hand-derived bytes in row-major order. They catch what one block cannot: a scale per
+# tensor or per row, blocks, rows or nibbles in another order, a wrong row stride.
+def _assembled_layouts(blocks: list[dict]) -> dict[str, list[list[dict]]]:
+    by_amax = sorted(blocks, key=lambda b: float(np.max(np.abs(b["x"]))))
+    large, small = by_amax[-1], by_amax[0]
+    tiny = next((b for b in by_amax if np.max(np.abs(b["x"])) > 0), large)
+    rev = blocks[::-1] + blocks[-1:] * (len(blocks) % 2)  # pad with the first block: even rows
+    return {
+        "one_row": [blocks],
+        "one_block_per_row": [[b] for b in blocks],
+        "two_per_row_reversed": [rev[i : i + 2] for i in range(0, len(rev), 2)],
+        "zero_row_between_largest": [[large, large], [small, small], [large, large]],
+        "last_block_tiny": [[large, large, tiny], [large, large, tiny]],
+    }
+
+
+def _assembled_cases() -> list[Case]:
+    edges: dict[str, list[dict]] = {}
+    for e in specs.load("quant").get("edge_cases") or []:
+        levels = [int(v) for v in block_values(e["expect"]["q"])]
+        q, d = encode_expected(e["op"], levels, _value(e["expect"]["d"]))
+        x = np.array(block_values(e["x"]), dtype=np.float32)
+        edges.setdefault(e["op"], []).append({"name": e["name"], "x": x, "q": q, "d": d})
+    out = []
+    for op, blocks in edges.items():
+        if len(blocks) < 2:
+            continue
+        cap, call = QUANT_OPS[op]
+        for name, rows in _assembled_layouts(blocks).items():
+            x = np.array([np.concatenate([b["x"] for b in row]) for row in rows], dtype=np.float32)
+            expected = (b"".join(b["q"] for r in rows for b in r), b"".join(b["d"] for r in rows for b in r))
+            grid = "; ".join(", ".join(b["name"] for b in r) for r in rows)
+            out.append(
+                Case(
+                    f"quant/{op}/matrix/{name}",
+                    "quant",
+                    cap,
+                    f"quant.yaml#edge_cases of {op}, assembled by rows: {grid}",
+                    "bit-exact",
+                    {**call, "x": x},
+                    expected,
+                )
+            )
+    return out
+
+
+def _matrix_cases() -> list[Case]:
+    """quant.yaml `matrix_cases`: whole matrices with an importance vector, hand-derived."""
+    out = []
+    for e in specs.load("quant").get("matrix_cases") or []:
+        cap, call = QUANT_OPS[e["op"]]
+        cols = int(e["cols"])
+        x = np.array([block_values(r, cols) for r in e["x"]], dtype=np.float32)
+        imp = (
+            None if e.get("importance") is None else np.array(block_values(e["importance"], cols), np.float32)
+        )
+        parts = [
+            encode_expected(e["op"], [int(v) for v in block_values(b["q"])], _value(b["d"]))
+            for b in e["expect"]
+        ]
+        if len(parts) != x.size // 32:
+            raise ValueError(
+                f"quant.yaml matrix_cases {e['name']}: {len(parts)} expected blocks for {x.size // 32}"
+            )
+        out.append(
+            Case(
+                f"quant/{e['op']}/matrix/{e['name']}",
+                "quant",
+                cap,
+                f"quant.yaml#matrix_cases.{e['name']}",
+                "bit-exact",
+                {**call, "x": x, "importance": imp},
+                (b"".join(q for q, _ in parts), b"".join(d for _, d in parts)),
+            )
+        )
+    return out
+
+
 def _golden_cases() -> list[Case]:
     path = GOLDEN_DIR / "q4_0_round_gguf.npz"
     if not path.exists():
@@ -712,7 +792,7 @@ def collect(
     if "tokenizer" in areas:
         out += _tokenizer_golden_cases()
     if "quant" in areas:
-        out += _edge_cases() + _golden_cases()
+        out += _edge_cases() + _assembled_cases() + _matrix_cases() + _golden_cases()
     if "forward" in areas:
         out += _forward_cases(target_version) + _fixture_run_cases(target_version)
     if "bitnet" in areas:

@@ -708,6 +708,66 @@ def cmd_fuzz(args) -> int:
     return exits.FAILED if any(c.failures for c in campaigns) else exits.OK
 
 
+def cmd_selftest(args) -> int:
+    from mlconf import cases, runner, selftest
+    from mlconf.backends.native import build
+
+    bugs = selftest.catalogue()
+    if args.k:
+        match = cases.keyword_matcher(args.k)
+        bugs = [b for b in bugs if match(b.id)]
+    if not bugs:
+        raise NothingSelected(f"no planted bug matches -k {args.k!r}")
+    if args.list:
+        for b in bugs:
+            print(f"{b.id}\t{b.kind}\t{','.join(b.areas)}")
+        return exits.OK
+    why = selftest.compiler_ok()
+    if why:
+        raise UsageError(f"selftest compiles each planted bug into a library: {why}")
+    cache = os.environ.get(build.BUILD_CACHE, "").strip()
+    verdicts = []
+    with tempfile.TemporaryDirectory(prefix="mlconf-selftest-") as tmp:
+        objdir = Path(cache) / "selftest-objects" if cache else Path(tmp) / "obj"
+        work = runner.Workdir()
+        try:
+            for lib in sorted({b.lib for b in bugs}):
+                areas = tuple(sorted({a for b in bugs if b.lib == lib for a in b.areas}))
+                v = selftest.baseline(lib, areas, Path(tmp), work, objdir)
+                print(f"lib{lib} unpatched, {','.join(areas)}: {selftest.describe(v)}", flush=True)
+                verdicts.append(v)
+            for b in bugs:
+                v = selftest.run_bug(b, Path(tmp), work, objdir)
+                print(f"{b.id}: {selftest.describe(v)}", flush=True)
+                verdicts.append(v)
+        finally:
+            work.close()
+    planted = [v for v in verdicts if v.bug is not None]
+    caught = sum(v.caught for v in planted)
+    rows = [[v.bug.id, v.bug.kind, ",".join(v.bug.areas), selftest.describe(v)] for v in planted]
+    print()
+    print(tabulate(rows, headers=["bug", "kind", "areas", "verdict"], tablefmt="github"))
+    print(f"\nmutation score: {caught} of {len(planted)} planted bugs caught ({caught / len(planted):.0%})")
+    if args.json:
+        doc = {
+            "caught": caught,
+            "planted": len(planted),
+            "baselines_clean": all(v.caught for v in verdicts if v.bug is None),
+            "bugs": [
+                {
+                    "id": v.bug.id,
+                    "kind": v.bug.kind,
+                    "caught": v.caught,
+                    "naming": v.naming,
+                    "failing": v.failing,
+                }
+                for v in planted
+            ],
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return exits.OK if all(v.caught for v in verdicts) else exits.FAILED
+
+
 def cmd_bench(args) -> int:
     from mlconf import bench, bench_output
 
@@ -1068,6 +1128,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of results.json, summary.md, junit.xml, report.html (default: %(default)s)",
     )
     p.set_defaults(fn=cmd_fuzz)
+
+    p = sub.add_parser(
+        "selftest",
+        help="the suite's mutation score: build each planted bug of specs/planted_bugs.yaml and check "
+        "that the suite fails it by the right case",
+    )
+    p.add_argument("-k", metavar="EXPR", help="select planted bugs whose id matches (and/or/not)")
+    p.add_argument("--list", action="store_true", help="print the planted bugs and build nothing")
+    p.add_argument("--json", metavar="FILE", help="also write the verdicts as JSON")
+    p.set_defaults(fn=cmd_selftest)
 
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")
     p.add_argument(

@@ -117,13 +117,13 @@ class Exporter:
                 "op": "ml_tok_load",
                 "args": {"model_vocab": fx.model_vocab or 0},
                 "inputs": {"path": path},
-                "expect": {"compare": "status", "status": case.expected},
+                "expect": {"compare": "status", "status": case.expected, "rule": fx.rule},
             }
         return {
             "op": "ml_check",
             "args": {},
             "inputs": {"path": path},
-            "expect": {"compare": "status", "status": case.expected},
+            "expect": {"compare": "status", "status": case.expected, "rule": fx.rule},
         }
 
     def _quant(self, case) -> dict:

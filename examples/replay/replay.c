@@ -33,6 +33,8 @@
 /* ---------------------------------------------------------------- the library */
 typedef struct {
     int (*check)(const char *, char *, size_t);
+    int (*check_rule)(const char *, char *, size_t, char *, size_t);
+    int (*tok_check_rule)(const char *, int32_t, char *, size_t, char *, size_t);
     int (*load)(const char *, int32_t, int32_t, ml_model **, char *, size_t);
     void (*free_model)(ml_model *);
     int32_t (*vocab)(const ml_model *);
@@ -57,6 +59,8 @@ static void *sym(void *h, const char *name) { return dlsym(h, name); }
 static lib_t open_lib(void *h) {
     lib_t L;
     *(void **)&L.check = sym(h, "ml_check");
+    *(void **)&L.check_rule = sym(h, "ml_check_rule");
+    *(void **)&L.tok_check_rule = sym(h, "ml_tok_check_rule");
     *(void **)&L.load = sym(h, "ml_load");
     *(void **)&L.free_model = sym(h, "ml_free");
     *(void **)&L.vocab = sym(h, "ml_vocab");
@@ -310,11 +314,18 @@ static int op_status(const lib_t *L, const char *dir, const case_t *c) {
     const char *v = get(c->inputs, c->n_inputs, "path");
     if (!v) return SAY("no path"), ERROR;
     file_ref r = parse_ref(dir, v);
-    char reason[512] = "";
-    int st;
+    char reason[512] = "", rule[128] = "";
+    int st, has_rule = 0; /* the library names the rule behind its status (ml_check_rule) */
     if (strcmp(c->op, "ml_check") == 0) {
-        NEED(L->check);
-        st = L->check(r.path, reason, sizeof reason);
+        if (L->check_rule) {
+            st = L->check_rule(r.path, rule, sizeof rule, reason, sizeof reason), has_rule = 1;
+        } else {
+            NEED(L->check);
+            st = L->check(r.path, reason, sizeof reason);
+        }
+    } else if (L->tok_check_rule) {
+        st = L->tok_check_rule(r.path, (int32_t)arg(c, "model_vocab"), rule, sizeof rule, reason, sizeof reason);
+        has_rule = 1;
     } else {
         NEED(L->tok_load);
         ml_tokenizer *t = NULL;
@@ -323,9 +334,13 @@ static int op_status(const lib_t *L, const char *dir, const case_t *c) {
     }
     free_ref(&r);
     if (st == ML_E_UNSUPPORTED) return SAY("%s", reason), UNSUPPORTED;
-    const char *want = get(c->expect, c->n_expect, "status");
-    if (want && strcmp(want, status_name(st)) == 0) return PASS;
-    return SAY("expected %s, got %s: %s", want ? want : "?", status_name(st), reason), FAIL;
+    const char *want = get(c->expect, c->n_expect, "status"), *want_rule = get(c->expect, c->n_expect, "rule");
+    if (!want || strcmp(want, status_name(st)) != 0)
+        return SAY("expected %s, got %s: %s", want ? want : "?", status_name(st), reason), FAIL;
+    if (has_rule && want_rule && strcmp(want_rule, rule) != 0) /* the right status by another rule */
+        return SAY("%s as expected, but by rule %s, not %s: %s", want, rule[0] ? rule : "(none)",
+                   want_rule, reason), FAIL;
+    return PASS;
 }
 
 static int op_quant(const lib_t *L, const char *dir, const case_t *c) {

@@ -598,7 +598,7 @@ ML_API int ml_check(const char *path, char *reason, size_t reason_len) {
 
 int ml_model_open(const char *path, struct ml_model *m, char *reason, size_t reason_len) {
     memset(m, 0, sizeof *m);
-    mlb_file f = {.rep = {path ? path : "(null)", reason, reason_len}};
+    mlb_file f = {.rep = {path ? path : "(null)", reason, reason_len, NULL, 0}};
     if (!path) return ml_fail(&f.rep, ML_E_ARG, "io.open", "no path");
     int rc = validate(&f);
     if (rc != ML_OK) return rc;
