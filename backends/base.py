@@ -25,6 +25,15 @@ CAPABILITIES = {
     "embed": "BitNet GGUF embeddings: open_embedder(path, reading) -> session; "
     "session.embed(tokens, pooling, normalize) -> (dim,) f32",
 }
+# Variants a runtime may claim one by one (`--require quantize_q4_0.round`): a case's unsupported
+# outcome fails the gate when the gate holds its capability, or every variant the case needs.
+SUB_CAPABILITIES = {
+    "quantize_q8_0.f16": "Q8_0 with binary16 scales",
+    "quantize_q4_0.round": "Q4_0, the round rule (llama.cpp's)",
+    "quantize_q4_0.search": "Q4_0, the search rule (specs/quant.yaml)",
+    "quantize_q4_0.f16": "Q4_0 with binary16 scales",
+    "quantize_q4_0.importance": "Q4_0 search weighted by an importance vector (an imatrix)",
+}
 POOLINGS = (None, "mean", "cls", "last")  # EmbedderSession.embed: None is the model's own pooling
 # open_embedder's reading of the projections: None is the file's own (bitnet.cpp's: ternary for
 # I2_S, float for f32/f16), "float" plain matmuls, "ternary" BitLinear on the latent weights

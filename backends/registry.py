@@ -18,6 +18,7 @@ Plug-ins (backends/entry_points.py) add their names here on the first ``get`` / 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from . import entry_points
@@ -126,10 +127,28 @@ def _factory(name: str) -> Callable[[str], Backend]:
     raise BackendError(f"unknown backend {name!r}; known: {known}")
 
 
+# NAME=SPEC: the backend of SPEC, called NAME in every report (`-b mine=lib:build/libmy.so`), so
+# that two builds of one runtime compare by name in `mlconf diff`
+ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9_.+-]*")
+
+
+def _alias(name: str) -> tuple[str | None, str]:
+    alias, sep, spec = name.partition("=")
+    if not sep or not ALIAS.fullmatch(alias):
+        return None, name
+    if alias in _FACTORIES or alias + ":" in _FACTORIES:
+        raise BackendError(f"backend alias {alias!r} in {name!r} is the name of a backend; choose another")
+    return alias, spec
+
+
 def check_name(name: str) -> None:
     """BackendError unless ``name`` names a backend (nothing is started)."""
-    _factory(name)
+    _factory(_alias(name)[1])
 
 
 def get(name: str) -> Backend:
-    return _factory(name)(name)
+    alias, spec = _alias(name)
+    b = _factory(spec)(spec)
+    if alias is not None:
+        b.name, b.spec = alias, name  # spec: how forked children make their own (forked._fresh)
+    return b

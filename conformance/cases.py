@@ -6,7 +6,8 @@ A Case names the capability it needs, the spec row it comes from and its expecta
   quant   hand-derived edge vectors of specs/quant.yaml and the gguf-py golden (bit-exact)
   forward golden/logits: transformers' logits of converted tiny models, within
           specs/tolerances.yaml logits_runtime_vs_oracle, prefilled and decoded token by token
-  tokenizer .mlt loader statuses (specs/mlt.yaml) and token ids against HF tokenizers' goldens
+  tokenizer .mlt loader statuses (specs/mlt.yaml), and token ids and the bytes the ids decode to
+          against HF tokenizers' goldens
   bitnet  I2_S packing, int8 activations and the BitLinear matmul (specs/i2s.yaml edge cases and
           golden/bitnet/i2s_edge.npz bit-exact, seeded random inputs bit-exact against the reference,
           refusals), and BitNet GGUF embeddings (golden/bitnet/NAME.gguf + NAME.npz from a PyTorch
@@ -93,6 +94,17 @@ def _fixture_cases(target: specs.Version | None = None) -> list[Case]:
                 )
             )
     return out
+
+
+def claims(case: Case) -> tuple[str, ...]:
+    """The variants of its capability a case needs (backends.SUB_CAPABILITIES), () for none."""
+    p = case.params
+    if case.capability == "quantize_q8_0":
+        return ("quantize_q8_0.f16",) if p.get("f16") else ()
+    if case.capability == "quantize_q4_0":
+        out = [f"quantize_q4_0.{p['rule']}"] + ["quantize_q4_0.f16"] * bool(p.get("f16"))
+        return tuple(out + ["quantize_q4_0.importance"] * (p.get("importance") is not None))
+    return ()
 
 
 # ---------------------------------------------------------------- quantizers
@@ -388,6 +400,58 @@ def _tokenizer_golden_cases() -> list[Case]:
     return out
 
 
+# goldens whose .mlt is also run with every merge listed twice (one of each kind)
+DUPLICATE_MERGES = ("llama2", "gpt2")
+
+
+def _tokenizer_duplicate_merge_cases() -> list[Case]:
+    """The encode cases of DUPLICATE_MERGES on their .mlt with every merge listed twice, reversed
+    and then in rank order (areas/tokenizer.py duplicate_merges): a pair listed twice keeps its last
+    rank (decision tok.bpe_start), so HF's ids of the golden are still the expectation."""
+    out = []
+    for c in _tokenizer_golden_cases():
+        name, text_name = c.id.split("/")[2:]
+        if name in DUPLICATE_MERGES:
+            out.append(
+                Case(
+                    f"tokenizer/encode/{name}_duplicate_merges/{text_name}",
+                    c.area,
+                    c.capability,
+                    f"decisions.yaml#tok.bpe_start: {c.spec}, every merge listed twice",
+                    c.compare,
+                    {**c.params, "variant": "duplicate_merges"},
+                    c.expected,
+                )
+            )
+    return out
+
+
+def _tokenizer_decode_cases() -> list[Case]:
+    """HF tokenizers' text of the golden ids of every text, the BOS the tokenizer prepends left out
+    (ids[decode_from:] of NAME.ids.json), as UTF-8 bytes: what decode(ids) must give (decision
+    tok.decode)."""
+    import json
+
+    out = []
+    for path in sorted((GOLDEN_DIR / "tokenizers").glob("*.ids.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        name, skip = path.name.removesuffix(".ids.json"), doc["decode_from"]
+        for text_name, rec in doc["ids"].items():
+            out.append(
+                Case(
+                    f"tokenizer/decode/{name}/{text_name}",
+                    "tokenizer",
+                    "encode",
+                    f"decisions.yaml#tok.decode: tokenizer_texts.yaml#{text_name} (golden/tokenizers/"
+                    f"{name}.json, ids[{skip}:], oracle {doc['oracle']})",
+                    "bit-exact",
+                    {"golden": GOLDEN_DIR / "tokenizers" / doc["tokenizer"], "ids": rec["ids"][skip:]},
+                    rec["decoded"].encode("utf-8"),
+                )
+            )
+    return out
+
+
 # ---------------------------------------------------------------- bitnet (I2_S, embeddings)
 I2S_BLOCK, I2S_TAIL = 128, 32  # specs/i2s.yaml block, tail_bytes
 BITNET_DIR = GOLDEN_DIR / "bitnet"
@@ -664,6 +728,7 @@ def _embed_cases() -> list[Case]:
         with np.load(npz) as g:
             data = {k: g[k] for k in g.files}
         own = str(data.get("reading", "ternary"))  # the file's own reading (golden_bitnet.EmbedCase)
+        declared = gguf_pooling(gguf)  # what pooling None (ML_POOL_MODEL) must give
         for prefix, (reading, infix) in EMBED_READINGS.items():
             vs_oracle, vs_reference = EMBED_TOLERANCES[reading or own]
             for i in range(EMBED_SEQUENCES):
@@ -706,6 +771,19 @@ def _embed_cases() -> list[Case]:
                                 {**params, "tolerance": vs_reference, "expected_from": "reference"},
                             )
                         )
+                        if pooling == declared and not normalize:  # the model's own pooling
+                            out.append(
+                                Case(
+                                    f"bitnet/embed/{name}/{infix}{i}/model_pooling",
+                                    "bitnet",
+                                    "embed",
+                                    f"mlrt.h#ML_POOL_MODEL: the GGUF's pooling_type is {pooling} "
+                                    f"(tolerances.yaml#{vs_oracle}, golden/bitnet/{name})",
+                                    "toleranced",
+                                    {**params, "pooling": None, "tolerance": vs_oracle},
+                                    data[key].astype(np.float32),
+                                )
+                            )
         for kind in GGUF_DAMAGE:
             if kind == "code3" and not any(t["type"] == GGUF_I2_S for t in gguf_tensors(gguf)):
                 continue
@@ -755,6 +833,21 @@ def bitnet_cases() -> list[Case]:
 GGUF_F32, GGUF_F16, GGUF_I2_S = 0, 1, 36  # GGML type ids
 
 
+GGUF_POOLINGS = {1: "mean", 2: "cls", 3: "last"}  # llama.cpp's enum llama_pooling_type
+
+
+def gguf_pooling(path) -> str:
+    """The pooling a BitNet GGUF declares (ARCH.pooling_type; mean when it has none)."""
+    import gguf
+
+    from mlconf.tools.convert_bitnet import register_i2s
+
+    register_i2s()
+    fields = gguf.GGUFReader(str(path)).fields
+    kind = next((int(f.contents()) for k, f in fields.items() if k.endswith(".pooling_type")), 1)
+    return GGUF_POOLINGS.get(kind, "mean")
+
+
 def gguf_tensors(path) -> list[dict]:
     """The tensor infos of a GGUF file, read with gguf-py (I2_S registered in memory): name, shape
     (GGUF order), type id, absolute offset and byte size (I2_S: packed bytes + the 32-byte tail)."""
@@ -790,7 +883,7 @@ def collect(
     if {"header", "loader", "tokenizer"} & set(areas):
         out += [c for c in _fixture_cases(target_version) if c.area in areas]
     if "tokenizer" in areas:
-        out += _tokenizer_golden_cases()
+        out += _tokenizer_golden_cases() + _tokenizer_duplicate_merge_cases() + _tokenizer_decode_cases()
     if "quant" in areas:
         out += _edge_cases() + _assembled_cases() + _matrix_cases() + _golden_cases()
     if "forward" in areas:

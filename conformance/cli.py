@@ -128,9 +128,50 @@ def output_folder(path: str) -> Path:
 
 
 # ---------------------------------------------------------------- commands
+def cmd_abi(args) -> int:
+    from mlconf.backends.native import HERE, abi
+
+    HEADER = HERE / "include" / "mlrt.h"
+    if args.header:
+        print(HEADER)
+        return exits.OK
+    rows = [[cap, ", ".join(syms)] for cap, syms in abi.CAPABILITY_SYMBOLS.items()]
+    print(f"C ABI header: {HEADER}\n")
+    print(tabulate(rows, headers=["capability", "the functions it needs"]))
+    optional = sorted(set(abi.FUNCTIONS) - {s for syms in abi.CAPABILITY_SYMBOLS.values() for s in syms})
+    print(f"\nOptional: {', '.join(optional)} (README: Implementing the C ABI)")
+    return exits.OK
+
+
+def _library_exports(name: str) -> int:
+    """`mlconf backends -b lib:PATH`: what the library exports and lacks, per capability."""
+    from mlconf.backends.native import abi
+
+    b = _backend(name)
+    symbols = set(getattr(b, "symbols", ()))
+    rows = [
+        [cap, "yes" if cap in b.capabilities else "-", ", ".join(s for s in syms if s not in symbols) or ""]
+        for cap, syms in abi.CAPABILITY_SYMBOLS.items()
+    ]
+    print(f"{b.name}: {getattr(b, 'description', '')}\n")
+    print(tabulate(rows, headers=["capability", "supported", "lacks"]))
+    opt = sorted(set(abi.FUNCTIONS) - {s for syms in abi.CAPABILITY_SYMBOLS.values() for s in syms})
+    print("\nOptional functions: " + ", ".join(f"{f} {'yes' if f in symbols else '-'}" for f in opt))
+    print(
+        f"Exports ({len(symbols & set(abi.FUNCTIONS))} of {len(abi.FUNCTIONS)}): "
+        + ", ".join(sorted(symbols))
+    )
+    getattr(b, "close", lambda: None)()
+    return exits.OK
+
+
 def cmd_backends(args) -> int:
     from mlconf.backends import CAPABILITIES, builtin_names
 
+    if args.backend:
+        if not args.backend.startswith("lib:"):
+            raise UsageError(f"-b {args.backend}: only a lib:PATH backend lists its exports")
+        return _library_exports(args.backend)
     caps = list(CAPABILITIES)
     rows, notes, docs = [], [], []
     for n in builtin_names():
@@ -300,7 +341,7 @@ class Progress:
         from mlconf.records import failing
 
         self.done += 1
-        bad = failing(res.outcome, self.gate, res.capability)
+        bad = failing(res.outcome, self.gate, res.capability, getattr(res, "claims", ()))
         if bad:
             self.failing += 1
             self._clear()
@@ -331,7 +372,8 @@ def cmd_run(args) -> int:
     from mlconf.backends import BackendError, builtin_names
 
     start = time.perf_counter()
-    dup = sorted({n for n in args.backend or () if (args.backend or []).count(n) > 1})
+    given = [n.partition("=")[0] if "=" in n.split(":", 1)[0] else n for n in args.backend or ()]
+    dup = sorted({n for n in given if given.count(n) > 1})  # an alias NAME=SPEC counts as NAME
     if dup:
         raise UsageError(f"-b {dup[0]}: named twice (each backend runs once)")
     target = None
@@ -379,7 +421,7 @@ def cmd_run(args) -> int:
                     raise UsageError(f"--target-version {args.target_version}: {e}") from None
     total = sum(1 for b in backends for c in selected if c.params.get("expected_from") != b.name)
     progress = Progress(total, gate)
-    stop_on = (lambda r: records.failing(r.outcome, gate, r.capability)) if args.fail_fast else None
+    stop_on = (lambda r: records.failing(r.outcome, gate, r.capability, r.claims)) if args.fail_fast else None
     try:
         results = runner.run(selected, backends, progress=progress, jobs=args.jobs, stop_on=stop_on)
     except RuntimeError as e:  # --jobs: a runner process died (its traceback is on stderr)
@@ -404,7 +446,7 @@ def cmd_run(args) -> int:
     wall = time.perf_counter() - start
     written = reports.write(doc, args.report, wall=wall)
     print(summary_table(results))
-    n_fail = sum(1 for r in results if records.failing(r.outcome, gate, r.capability))
+    n_fail = sum(1 for r in results if records.failing(r.outcome, gate, r.capability, r.claims))
     what = "failed, errored, crashed or timed out"
     if gate is True:
         what = "failed, errored, crashed, timed out or were unsupported (--strict)"
@@ -423,12 +465,12 @@ def cmd_run(args) -> int:
 
 def _required(values: list[str] | None) -> frozenset[str]:
     """--require CAP[,CAP...] (repeatable): the capabilities whose unsupported cases fail."""
-    from mlconf.backends import CAPABILITIES
+    from mlconf.backends import CAPABILITIES, SUB_CAPABILITIES
 
     caps = frozenset(c.strip() for v in values or () for c in v.split(",") if c.strip())
-    unknown = sorted(caps - set(CAPABILITIES))
+    unknown = sorted(caps - set(CAPABILITIES) - set(SUB_CAPABILITIES))
     if unknown:
-        known = ", ".join(CAPABILITIES)
+        known = ", ".join([*CAPABILITIES, *SUB_CAPABILITIES])
         raise UsageError(f"--require {','.join(unknown)}: not a capability (one of {known})")
     return caps
 
@@ -737,7 +779,7 @@ def cmd_selftest(args) -> int:
                 print(f"lib{lib} unpatched, {','.join(areas)}: {selftest.describe(v)}", flush=True)
                 verdicts.append(v)
             for b in bugs:
-                v = selftest.run_bug(b, Path(tmp), work, objdir)
+                v = selftest.run_bug(b, Path(tmp), work, objdir, status_only=args.status_only)
                 print(f"{b.id}: {selftest.describe(v)}", flush=True)
                 verdicts.append(v)
         finally:
@@ -885,11 +927,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("backends", help="list backends and their capabilities")
     p.add_argument(
+        "-b",
+        "--backend",
+        metavar="lib:PATH",
+        help="a shared library: the C ABI functions it exports and lacks, per capability",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="one JSON object: backends (capabilities, unsupported) and plug-ins",
     )
     p.set_defaults(fn=cmd_backends)
+
+    p = sub.add_parser("abi", help="the C ABI: the installed mlrt.h and the functions each capability needs")
+    p.add_argument("--header", action="store_true", help="print only the path of the installed mlrt.h")
+    p.set_defaults(fn=cmd_abi)
 
     p = sub.add_parser("load", help="validate an .mlb file on a backend")
     p.add_argument("file")
@@ -924,7 +976,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_fixtures)
 
     p = sub.add_parser("run", help="run the conformance suite and print a summary")
-    p.add_argument("-b", "--backend", action="append", help="backend name (repeatable; default all built-in)")
+    p.add_argument(
+        "-b",
+        "--backend",
+        action="append",
+        help="backend name (repeatable; default all built-in); NAME=SPEC runs SPEC under the name NAME "
+        "in every report (-b old=lib:a.so -b new=lib:b.so; mlconf diff compares by name)",
+    )
     p.add_argument("-k", metavar="EXPR", help="select cases whose id matches (and/or/not, parentheses)")
     from mlconf.cases import AREAS
 
@@ -1137,6 +1195,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", metavar="EXPR", help="select planted bugs whose id matches (and/or/not)")
     p.add_argument("--list", action="store_true", help="print the planted bugs and build nothing")
     p.add_argument("--json", metavar="FILE", help="also write the verdicts as JSON")
+    p.add_argument(
+        "--status-only",
+        action="store_true",
+        help="withhold the loaders' rule ids (as for a runtime without ml_check_rule): a loader bug "
+        "must then show in a status",
+    )
     p.set_defaults(fn=cmd_selftest)
 
     p = sub.add_parser("bench", help="quantizer and forward throughput against the memory bandwidth")

@@ -32,7 +32,7 @@ from mlconf.tools.files import atomic_write
 
 FORMAT = "mlconf fixtures v2"
 DTYPES = {"i8": "<i1", "u8": "<u1", "i32": "<i4", "u16": "<u2", "f32": "<f4"}
-POOLING = {"mean": 1, "cls": 2, "last": 3}  # mlrt.h ML_POOL_*; anything else: 0 (invalid)
+POOLING = {None: -1, "mean": 1, "cls": 2, "last": 3}  # mlrt.h ML_POOL_* (None: ML_POOL_MODEL)
 READING = {None: 0, "float": 1, "ternary": 2}  # mlrt.h ML_READ_*
 REFUSALS = ["ML_E_IO", "ML_E_FORMAT", "ML_E_SHAPE", "ML_E_ARG"]  # a refusal: any of these statuses
 
@@ -103,6 +103,8 @@ class Exporter:
             return {**e, **self._quant(case)}
         if case.compare == "ids":
             return {**e, **self._ids(case)}
+        if case.area == "tokenizer":
+            return {**e, **self._decode(case)}
         if case.area == "forward":
             return {**e, **self._forward(case)}
         return {**e, **self._bitnet(case)}
@@ -167,7 +169,7 @@ class Exporter:
         }
 
     def _ids(self, case) -> dict:
-        tok = self.work.tokenizer(case.params["golden"])
+        tok = self.work.tokenizer(case.params["golden"], case.params.get("variant"))
         return {
             "op": "ml_tok_encode",
             "args": {"model_vocab": 0},
@@ -176,6 +178,22 @@ class Exporter:
                 "compare": "ids",
                 "from": "oracle",
                 "outputs": {"ids": self.array(case.id, "ids", case.expected, "i32")},
+            },
+        }
+
+    def _decode(self, case) -> dict:
+        tok = self.work.tokenizer(case.params["golden"])
+        return {
+            "op": "ml_tok_decode",
+            "args": {"model_vocab": 0},
+            "inputs": {
+                "tokenizer": {"file": self.rel(tok)},
+                "ids": self.array(case.id, "ids", np.asarray(case.params["ids"], np.int64), "i32"),
+            },
+            "expect": {
+                "compare": "bit-exact",
+                "from": "oracle",
+                "outputs": {"bytes": self.raw(case.id, "bytes", case.expected)},
             },
         }
 

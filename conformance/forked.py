@@ -20,7 +20,7 @@ def _fresh(b: Backend) -> Backend:
     from mlconf.backends import get
 
     try:
-        fresh = get(b.name)
+        fresh = get(getattr(b, "spec", b.name))
     except Exception:
         return b
     if type(fresh) is not type(b):

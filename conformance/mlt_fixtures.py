@@ -111,6 +111,7 @@ def mutate(tok: Tokenizer, ops: list[dict]) -> bytes:
         ((kind, arg),) = op.items()
         if kind == "set":
             for k, v in arg.items():
+                v = len(tok.tokens) if v == "n_vocab" else v  # the smallest id past the end
                 off, fmt = HEADER_FIELDS[k]
                 b[off : off + 4] = struct.pack(fmt, v)
         elif kind == "set_n_merges_delta":

@@ -12,7 +12,7 @@ Distances by kind (null when the case did not run to a comparison, or for a refu
   statuses         expected, got, reason (the backend's reason string), rule_expected (the rule
                    id that must refuse the file, "" for an accepted one, null if the case names
                    none), rule_got (the backend's rule id; null: it does not report one)
-  quantizer bytes, i2s bytes
+  quantizer bytes, i2s bytes, decoded bytes
                    differ (bytes that differ), first_diff (first differing byte, or null)
   logits           differ (elements), max_abs, max_ulp, nmse, argmax (agreement, rows = positions)
   embeddings       differ, max_abs, max_ulp, nmse, cosine
@@ -29,7 +29,7 @@ import numpy as np
 
 OUTCOMES = ("pass", "fail", "unsupported", "error", "crash", "timeout")
 COMPARES = ("status", "bit-exact", "refused", "toleranced", "ids")
-OUTPUT_KINDS = ("statuses", "quantizer bytes", "logits", "ids", "embeddings", "i2s bytes")
+OUTPUT_KINDS = ("statuses", "quantizer bytes", "logits", "ids", "embeddings", "i2s bytes", "decoded bytes")
 FAILING = ("fail", "error", "crash", "timeout")  # what makes a run fail
 RAN = ("pass", "fail")  # outcomes that reached a comparison
 ARRAY_KEYS = {
@@ -38,12 +38,17 @@ ARRAY_KEYS = {
 }
 
 
-def failing(outcome: str, gate: bool | frozenset[str] = False, capability: str | None = None) -> bool:
+def failing(
+    outcome: str, gate: bool | frozenset[str] = False, capability: str | None = None, claims=()
+) -> bool:
     """Whether an outcome fails the run. ``gate``: True (--strict) makes every unsupported case
-    fail, a set of capabilities (--require) the unsupported cases needing one of them."""
+    fail, a set of capabilities (--require) the unsupported cases needing one of them, or needing
+    only variants it names (``claims``: the case's backends.SUB_CAPABILITIES)."""
     if outcome in FAILING:
         return True
-    return outcome == "unsupported" and (gate is True or (bool(gate) and capability in gate))
+    if outcome != "unsupported" or not gate:
+        return False
+    return gate is True or capability in gate or bool(claims and set(claims) <= gate)
 
 
 def gate_of(run: dict) -> bool | frozenset[str]:
@@ -60,7 +65,7 @@ def output_kind(case) -> str:
     if case.area == "forward":
         return "logits"
     if case.capability == "encode":
-        return "ids"
+        return "ids" if case.compare == "ids" else "decoded bytes"
     if case.capability == "embed":
         return "embeddings"
     if case.capability == "i2s":
@@ -158,6 +163,7 @@ def record(result) -> dict:
         "tolerance": result.tolerance,
         "output_sha256": sha256(result.output),
         "capability": result.capability,
+        "claims": list(result.claims),
     }
 
 

@@ -13,7 +13,8 @@ share, and the worst distance otherwise, computed between the two backends' outp
 are in memory:
   logits, embeddings       differ_cases, max_ulp, max_abs, nmse (each the largest over the cases),
                            shape_mismatch (cases whose shapes differ)
-  quantizer / i2s bytes    differ_cases, max_differ (most differing bytes), refusal_mismatch
+  quantizer / i2s bytes,   differ_cases, max_differ (most differing bytes), refusal_mismatch
+  decoded bytes
   ids                      differ_cases, first_diff (the earliest differing position)
   statuses                 differ_cases
 """
@@ -98,6 +99,7 @@ WORST = {
     "embeddings": _worst_arrays,
     "quantizer bytes": _worst_bytes,
     "i2s bytes": _worst_bytes,
+    "decoded bytes": _worst_bytes,
     "ids": _worst_ids,
     "statuses": _worst_statuses,
 }
@@ -332,7 +334,11 @@ def _dist_text(d: dict | None) -> str:
 def failures(doc: dict) -> list[dict]:
     gate = rec.gate_of(doc["run"])
     return sorted(
-        (r for r in doc["records"] if rec.failing(r["outcome"], gate, r.get("capability"))),
+        (
+            r
+            for r in doc["records"]
+            if rec.failing(r["outcome"], gate, r.get("capability"), r.get("claims", ()))
+        ),
         key=lambda r: (r["area"], r["case"], r["backend"]),
     )
 
@@ -477,7 +483,8 @@ def junit_xml(doc: dict) -> bytes:
             msg = r["detail"] or r["outcome"]
             dist = _dist_text(r["distances"])
             if r["outcome"] == "fail" or (
-                r["outcome"] == "unsupported" and rec.failing("unsupported", gate, r.get("capability"))
+                r["outcome"] == "unsupported"
+                and rec.failing("unsupported", gate, r.get("capability"), r.get("claims", ()))
             ):
                 el = ET.SubElement(tc, "failure", message=msg, type=r["outcome"])
                 el.text = dist or None

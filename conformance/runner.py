@@ -29,13 +29,14 @@ from mlconf import fixtures
 from mlconf.areas import bitnet, forward, quant, status, tokenizer
 from mlconf.areas.bitnet import damage_gguf
 from mlconf.areas.forward import NonFinite, run_forward
+from mlconf.areas.tokenizer import duplicate_merges
 from mlconf.backends import (
     Backend,
     Unsupported,
     WorkerCrash,
     WorkerTimeout,
 )
-from mlconf.cases import Case
+from mlconf.cases import Case, claims
 from mlconf.records import output_kind
 
 
@@ -55,6 +56,7 @@ class Result:
     tolerance: str | None = None  # the specs/tolerances.yaml entry of a toleranced case
     output: Any = field(default=None, repr=False, compare=False)  # the raw output (not serialized)
     capability: str = ""  # the backend capability the case needs (what --require gates)
+    claims: tuple[str, ...] = ()  # the variants of it the case needs (backends.SUB_CAPABILITIES)
 
 
 class Workdir:
@@ -87,8 +89,9 @@ class Workdir:
                 self._written = True
         return self.fixture_root / fixture.file
 
-    def tokenizer(self, golden: Path) -> Path:
-        """The .mlt of a golden tokenizer.json, converted (tools/convert_tokenizer.py) on first use."""
+    def tokenizer(self, golden: Path, variant: str | None = None) -> Path:
+        """The .mlt of a golden tokenizer.json, converted (tools/convert_tokenizer.py) on first use;
+        variant "duplicate_merges": that .mlt with its merges listed twice (areas/tokenizer.py)."""
         from mlconf.tools import convert_tokenizer
 
         out = self.root / "tokenizer" / "golden" / golden.with_suffix(".mlt").name
@@ -96,7 +99,14 @@ class Workdir:
             if not out.exists():
                 out.parent.mkdir(parents=True, exist_ok=True)
                 convert_tokenizer.convert(golden, out)
-        return out
+            if variant is None:
+                return out
+            if variant != "duplicate_merges":
+                raise ValueError(f"{golden}: no tokenizer variant {variant!r}")
+            derived = out.with_suffix(f".{variant}.mlt")
+            if not derived.exists():
+                duplicate_merges(out, derived)
+            return derived
 
     def expected_logits(self, case: Case) -> np.ndarray | NonFinite:
         """A cross-backend case's expectation: the reference backend's logits, computed once."""
@@ -138,6 +148,7 @@ def run_case(case: Case, backend: Backend, work: Workdir) -> Result:
         output_kind=output_kind(case),
         tolerance=case.params.get("tolerance"),
         capability=case.capability,
+        claims=claims(case),
     )
     if case.params.get("expected_from"):
         r.expected = f"the {case.params['expected_from']} backend's output"
@@ -181,8 +192,11 @@ def prepare(cases: list[Case], work: Workdir) -> None:
         if "fixture" in c.params:
             work.path(c.params["fixture"])
             break
-    for golden in sorted({str(c.params["golden"]) for c in cases if "golden" in c.params}):
-        work.tokenizer(Path(golden))
+    goldens = {
+        (str(c.params["golden"]), c.params.get("variant") or "") for c in cases if "golden" in c.params
+    }
+    for golden, variant in sorted(goldens):
+        work.tokenizer(Path(golden), variant or None)
 
 
 def run(

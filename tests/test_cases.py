@@ -108,6 +108,11 @@ def test_bitnet_embed_case_counts():
                 assert not sel  # i2_s: own reading already; a teacher has no ternary reading
                 continue
             vs_oracle, vs_ref = tolerances[reading or own]
+            own_pooling = [
+                c for c in sel if c.id.endswith("/model_pooling")
+            ]  # ML_POOL_MODEL, one per sequence
+            assert len(own_pooling) == 3 and all(c.params["pooling"] is None for c in own_pooling)
+            sel = [c for c in sel if c not in own_pooling]
             oracle = [c for c in sel if not c.id.endswith("/vs_reference")]
             assert len(oracle) == per and all(c.params["tolerance"] == vs_oracle for c in oracle)
             assert all(("/ternary/" in c.id) == (reading == "ternary") for c in sel)
@@ -133,7 +138,7 @@ def test_bitnet_embed_case_counts():
         for n in names
         if str(np.load(cases.BITNET_DIR / f"{n}.npz")["reading"]) == "float" and not n.endswith("teacher_f16")
     )  # float students are read ternary too
-    assert len(embed) == (len(names) + students_f) * 2 * per + sum(
+    assert len(embed) == (len(names) + students_f) * (2 * per + 3) + sum(
         1 for c in embed if c.params.get("op") == "open"
     ) + len(bad_calls)
 

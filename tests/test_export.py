@@ -97,6 +97,9 @@ def test_expectations_are_the_cases(exported):
             assert (out / e["inputs"]["text"]["file"]).read_bytes() == c.params["text"].encode(
                 "utf-8", "surrogatepass"
             )
+        elif e["op"] == "ml_tok_decode":
+            assert _array(out, x["outputs"]["bytes"]).tobytes() == c.expected
+            assert _array(out, e["inputs"]["ids"]).tolist() == list(c.params["ids"])
         elif e["op"].startswith("ml_quantize") and x["compare"] == "bit-exact":
             q, d = (_array(out, a).tobytes() for a in x["outputs"].values())
             assert (q, d) == c.expected
@@ -111,6 +114,33 @@ def test_expectations_are_the_cases(exported):
         elif x["compare"] == "toleranced":
             assert x["tolerance"]["name"] == c.params["tolerance"]
     assert len(seen) >= 15, seen
+
+
+def test_tokenizer_cases_read_their_own_files(exported):
+    """Every encode case has a decode case of the same ids but the BOS, and the duplicate-merge
+    cases read a .mlt listing each merge of the golden's twice."""
+    from mlconf.tools import mlt
+
+    out, m = exported
+    tok = {e["id"]: e for e in m["cases"] if e["op"] in ("ml_tok_encode", "ml_tok_decode")}
+    for cid, e in tok.items():
+        if not cid.startswith("tokenizer/decode/"):
+            continue
+        enc = tok[cid.replace("/decode/", "/encode/")]
+        assert e["inputs"]["tokenizer"] == enc["inputs"]["tokenizer"]
+        ids = _array(out, enc["expect"]["outputs"]["ids"]).tolist()
+        assert _array(out, e["inputs"]["ids"]).tolist() in (ids, ids[1:])
+    dup = [e for cid, e in tok.items() if "_duplicate_merges/" in cid]
+    assert {e["id"].split("/")[2] for e in dup} == {f"{n}_duplicate_merges" for n in cases.DUPLICATE_MERGES}
+    for e in dup:
+        plain = tok[e["id"].replace("_duplicate_merges/", "/")]
+        twice, once = (mlt.read(out / x["inputs"]["tokenizer"]["file"]) for x in (e, plain))
+        assert twice.merges == [*reversed(once.merges), *once.merges] and twice.tokens == once.tokens
+        assert e["expect"]["outputs"]["ids"] != plain["expect"]["outputs"]["ids"]  # its own file
+        assert (
+            _array(out, e["expect"]["outputs"]["ids"]).tolist()
+            == _array(out, plain["expect"]["outputs"]["ids"]).tolist()
+        )
 
 
 def _digest(root: Path) -> str:

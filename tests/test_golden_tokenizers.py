@@ -2,10 +2,11 @@
 re-derivation of those goldens (pytest -m oracle).
 
 golden/tokenizers/NAME.json is a tokenizer.json trained by HF's BpeTrainer (tools/golden_tokenizers.py);
-NAME.ids.json holds HF's ids of every text of specs/tokenizer_texts.yaml. Without the oracle
-installed: convert NAME.json with tools/convert_tokenizer.py, encode each text with the reference
-Encoder and compare exactly (the main conformance check of the reference encoder); byte-level
-cases also decode back to the text's bytes.
+NAME.ids.json holds HF's ids of every text of specs/tokenizer_texts.yaml and HF's text of those ids
+(the BOS left out). Without the oracle installed: convert NAME.json with tools/convert_tokenizer.py,
+encode each text with the reference Encoder and compare exactly (the main conformance check of the
+reference encoder), and decode the ids back to HF's text; byte-level cases also decode back to the
+text's bytes.
 
 If HF's training is not reproducible: the generator refuses to write unless two trainings in one
 process agree; under the MANIFEST's `tokenizers` version the oracle test requires the re-trained
@@ -26,9 +27,10 @@ import pytest
 
 from mlconf import specs
 from mlconf.backends.reference.tokenizer import Encoder
+from mlconf.cases import DUPLICATE_MERGES
 from mlconf.golden import GOLDEN_DIR
 from mlconf.tools import convert_tokenizer, golden
-from mlconf.tools.golden_tokenizers import CASES, REGEX, text_digest, texts
+from mlconf.tools.golden_tokenizers import CASES, REGEX, decode_from, text_digest, texts
 from mlconf.tools.mlt import FLAG_ADD_BOS, FLAG_NFC, KIND_BYTE_LEVEL
 
 NAMES = sorted(CASES)
@@ -39,6 +41,12 @@ TEXTS = texts()
 def committed_ids(name: str) -> dict[str, list[int]]:
     doc = json.loads((DIR / f"{name}.ids.json").read_text(encoding="utf-8"))
     return {k: v["ids"] for k, v in doc["ids"].items()}
+
+
+def committed_decoded(name: str) -> dict[str, str]:
+    doc = json.loads((DIR / f"{name}.ids.json").read_text(encoding="utf-8"))
+    assert doc["decode_from"] == decode_from(name)
+    return {k: v["decoded"] for k, v in doc["ids"].items()}
 
 
 def convert(name: str):
@@ -87,6 +95,21 @@ def test_byte_level_decode_round_trip(name):
         assert enc.decode(committed_ids(name)[k][skip:]) == want.encode("utf-8"), k
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_decoder_gives_hf_text(name):
+    """decision tok.decode's bytes are HF's text of the ids (the BOS left out), on every text; the
+    SentencePiece-style texts exercise the one leading space stripped and the byte tokens."""
+    enc, skip = Encoder(convert(name)), decode_from(name)
+    ids, want = committed_ids(name), committed_decoded(name)
+    wrong = [k for k in TEXTS if enc.decode(ids[k][skip:]) != want[k].encode("utf-8")]
+    assert not wrong, f"{name}: the reference decodes {len(wrong)} texts otherwise than HF: {wrong[:5]}"
+    if CASES[name].family == "sp":
+        assert all(ids[k][0] == convert(name).bos for k in TEXTS) and skip == 1
+        # flag 4 (Metaspace "first") gives " hello" no prefix: the strip then takes its own space
+        lead = "hello" if CASES[name].prefix == "first" else " hello"
+        assert want["trailing_space"] == "hello world " and want["leading_space"] == lead
+
+
 def test_goldens_cover_every_flag_and_kind():
     flags = 0
     for n in NAMES:
@@ -128,6 +151,42 @@ def test_oracle_reencodes_the_committed_ids(name):
     want = committed_ids(name)
     wrong = [k for k, t in TEXTS.items() if hf.encode(t, add_special_tokens=True).ids != want[k]]
     assert not wrong, f"{name}: HF's ids changed for {wrong}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", NAMES)
+def test_oracle_redecodes_the_committed_text(name):
+    """HF's decode of the committed ids is the committed text, and with the BOS kept it is still
+    the reference decoder's bytes (decision tok.decode)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    hf = tokenizers.Tokenizer.from_file(str(DIR / f"{name}.json"))
+    enc, skip, ids, want = (
+        Encoder(convert(name)),
+        decode_from(name),
+        committed_ids(name),
+        committed_decoded(name),
+    )
+    assert [k for k in TEXTS if hf.decode(ids[k][skip:], skip_special_tokens=False) != want[k]] == []
+    whole = [k for k in TEXTS if hf.decode(ids[k], skip_special_tokens=False).encode() != enc.decode(ids[k])]
+    assert whole == [], f"{name}: with the BOS, HF and the reference decode {whole} otherwise"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", DUPLICATE_MERGES)
+def test_oracle_keeps_the_last_rank_of_a_merge_listed_twice(name):
+    """decision tok.bpe_start, as the tokenizer/encode/*_duplicate_merges cases build their files:
+    the merges listed in reverse and then in order give HF the goldens' ids; in order and then in
+    reverse (the first rank kept) other ids for some texts."""
+    tokenizers = pytest.importorskip("tokenizers")
+    d = json.loads((DIR / f"{name}.json").read_text(encoding="utf-8"))
+    merges, want = d["model"]["merges"], committed_ids(name)
+
+    def ids(order: list) -> dict[str, list[int]]:
+        hf = tokenizers.Tokenizer.from_str(json.dumps({**d, "model": {**d["model"], "merges": order}}))
+        return {k: hf.encode(t, add_special_tokens=True).ids for k, t in TEXTS.items()}
+
+    assert ids([*reversed(merges), *merges]) == want
+    assert ids([*merges, *reversed(merges)]) != want
 
 
 def _without(name: str, flag: int) -> dict:

@@ -1,8 +1,9 @@
 """examples/replay: the C program that replays `mlconf fixtures` through a library's C ABI, with the
 jq pre-pass of examples/replay/manifest.jq. Given only the exported folder and the library it must
 give `mlconf run`'s outcome counts in every area (libmlrt.so as `-b native`, libmlbitnet.so as
-`-b bitnet`), and a deliberately broken copy of libmlrt (tests/data/broken_mlrt.c: four planted
-mistakes) must fail the very cases `mlconf run -b lib:` fails with it."""
+`-b bitnet`), case by case for the failing and the unsupported ones, and a deliberately broken copy
+of libmlrt (tests/data/broken_mlrt.c: four planted mistakes and a variant it does not do) must fail,
+and find unsupported, the very cases `mlconf run -b lib:` does with it."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def folder(tmp_path_factory) -> Path:
     return out
 
 
-def _replay(folder: Path, library: Path) -> tuple[dict[str, list[int]], set[str]]:
+def _replay(folder: Path, library: Path) -> tuple[dict[str, list[int]], set[str], set[str]]:
     """(area -> [pass, fail, unsupported, error], the ids of the failing cases) of one replay."""
     lines = subprocess.run(
         ["jq", "-r", "-f", str(REPLAY / "manifest.jq"), str(folder / "fx" / "manifest.json")],
@@ -71,27 +72,32 @@ def _replay(folder: Path, library: Path) -> tuple[dict[str, list[int]], set[str]
         line.split()[1].rstrip(":") for line in out.splitlines() if line.startswith(("fail ", "error "))
     }
     assert (r.returncode == 1) == bool(failing)
-    return counts, failing
+    unsupported = {
+        line.split()[1].rstrip(":") for line in out.splitlines() if line.startswith("unsupported ")
+    }
+    return counts, failing, unsupported
 
 
-def _run(tmp_path: Path, backend: str) -> tuple[dict[str, list[int]], set[str]]:
+def _run(tmp_path: Path, backend: str) -> tuple[dict[str, list[int]], set[str], set[str]]:
     cli.main(["run", "-b", backend, "--report", str(tmp_path)])
     doc = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
     counts = {
         s["area"]: [s["pass"], s["fail"], s["unsupported"], s["error"] + s["crash"] + s["timeout"]]
         for s in doc["summary"]
     }
-    return counts, {
-        r["case"] for r in doc["records"] if r["outcome"] in ("fail", "error", "crash", "timeout")
-    }
+    return (
+        counts,
+        {r["case"] for r in doc["records"] if r["outcome"] in ("fail", "error", "crash", "timeout")},
+        {r["case"] for r in doc["records"] if r["outcome"] == "unsupported"},
+    )
 
 
 @pytest.mark.parametrize("backend, library", [("native", NATIVE_LIBRARY), ("bitnet", BITNET_LIBRARY)])
 def test_replay_gives_the_counts_of_mlconf_run(folder, tmp_path, backend, library):
-    got, failing = _replay(folder, library)
-    want, want_failing = _run(tmp_path, backend)
+    got, failing, unsupported = _replay(folder, library)
+    want, want_failing, want_unsupported = _run(tmp_path, backend)
     assert got == want
-    assert failing == want_failing
+    assert failing == want_failing and unsupported == want_unsupported  # case by case
 
 
 def test_a_broken_library_fails_the_same_cases(folder, tmp_path):
@@ -118,8 +124,14 @@ def test_a_broken_library_fails_the_same_cases(folder, tmp_path):
         ],
         check=True,
     )
-    got, failing = _replay(folder, broken)
-    want, want_failing = _run(tmp_path / "run", f"lib:{broken}")
-    assert failing == want_failing and got == want
+    got, failing, unsupported = _replay(folder, broken)
+    want, want_failing, want_unsupported = _run(tmp_path / "run", f"lib:{broken}")
+    assert failing == want_failing and unsupported == want_unsupported and got == want
+    # ML_E_UNSUPPORTED on a case whose input must be refused is unsupported in both (one rule)
+    refused_f16 = {c for c in unsupported if c.startswith("quant/q4_0_search_f16/refused/")}
+    assert {
+        "quant/q4_0_search_f16/refused/minus_inf",
+        "quant/q4_0_search_f16/refused/f16_scale_above_65504",
+    } <= refused_f16
     for area in ("loader", "quant", "tokenizer", "forward"):  # each planted mistake shows
         assert got[area][1] > 0, (area, got)

@@ -94,6 +94,7 @@ def test_records_have_the_documented_fields_and_validate():
         "tolerance",
         "output_sha256",
         "capability",
+        "claims",
     ]
     assert all(list(r) == fields for r in recs)
     ref = [r for r in recs if r["backend"] == "reference"]
@@ -106,7 +107,7 @@ def test_records_have_the_documented_fields_and_validate():
         assert len(r["output_sha256"]) == 64
         if kind == "statuses":
             assert d["expected"] == d["got"] == r["expected"] == r["got"] and isinstance(d["reason"], str)
-        elif kind in ("quantizer bytes", "i2s bytes"):
+        elif kind in ("quantizer bytes", "i2s bytes", "decoded bytes"):
             assert d == {"differ": 0, "first_diff": None}
         elif kind == "ids":
             n = int(r["expected"].split()[0])  # "N ids"

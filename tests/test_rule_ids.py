@@ -105,3 +105,24 @@ def test_at_an_older_krafla_version_the_rule_is_the_one_that_refuses_the_newer_f
     assert all(r.outcome == "pass" for r in results), [r.detail for r in results if r.outcome != "pass"]
     moved = [r for r in results if r.case.startswith("header/") and r.metrics["rule_expected"]]
     assert moved and all(r.metrics["rule_got"] == r.metrics["rule_expected"] for r in moved)
+
+
+def test_a_failing_status_case_says_the_rule_the_sentence_the_decision_and_the_field(work):
+    b = _cmd("rule", "format.padding")  # accepts the files header.padding's rule refuses
+    try:
+        results = runner.run(
+            [c for c in _status_cases() if c.id.startswith("loader/format.padding/")], [b], work
+        )
+    finally:
+        b.close()
+    assert results and all(r.outcome == "fail" for r in results)
+    for r in results:
+        assert "; the spec: rule format.padding (decision header.padding); the reference: " in r.detail
+        assert "header byte " in r.detail and "[format.padding]" in r.detail  # the offset and its value
+
+
+def test_quant_scales_differ_as_values():
+    from mlconf.areas.quant import bytes_diff
+
+    text, _ = bytes_diff("scales", b"\x00\x00\x80\xbf", b"\x00\x00\x00\xbf", 4, 1, dtype="<f4")
+    assert "got -0.5 (-0x1.0000000000000p-1, bytes 000000bf) expected -1.0 (-0x1.0000000000000p+0" in text

@@ -55,6 +55,31 @@ def test_ids_mismatch_names_position_and_text():
     assert "first at position 2" in r.detail and "text there" in r.detail
 
 
+def test_decode_mismatch_names_the_byte():
+    """A decoder that keeps the space of the U+2581 prefix (planted bug decode_leading_space_kept)
+    fails the decode case at byte 0; the reference passes it."""
+
+    class Spaced(ReferenceBackend):
+        name = "spaced"
+
+        def open_tokenizer(self, path):
+            enc = super().open_tokenizer(path)
+            real = enc.decode
+            enc.decode = lambda ids: b" " + real(ids)
+            return enc
+
+    (case,) = [c for c in one("tokenizer", "decode/llama2/") if c.id.endswith("/trailing_space")]
+    assert case.expected == b"hello world " and case.params["ids"][0] != 1  # the BOS left out
+    work = runner.Workdir()
+    try:
+        bad, good = (runner.run_case(case, b, work) for b in (Spaced(), ReferenceBackend()))
+    finally:
+        work.close()
+    assert (good.outcome, good.output, good.output_kind) == ("pass", b"hello world ", "decoded bytes")
+    assert bad.outcome == "fail" and bad.metrics["first_diff"] == 0
+    assert "first at byte 0 of 12 (got 13 bytes)" in bad.detail
+
+
 def test_status_bits_and_unsupported_outcomes():
     sel = one("tokenizer", "format.magic") + one("quant", "q8_0/") + one("quant", "q4_0_round/")
     results = runner.run(sel, [Wrong()])

@@ -6,7 +6,9 @@
 For each case: train a small BPE tokenizer with the library's own BpeTrainer on a corpus generated
 from a fixed seed (fixed trainer settings), set the normalizer / pre-tokenizer / post-processor /
 added tokens of the model family it imitates, and record HF's ids of every text of
-specs/tokenizer_texts.yaml (``encode(text, add_special_tokens=True)``). Writes
+specs/tokenizer_texts.yaml (``encode(text, add_special_tokens=True)``) and the text HF decodes
+those ids back to (``decode(ids[n:], skip_special_tokens=False)``, n = 1 when the post-processor
+prepends a BOS: the text's own ids, which a runtime decodes when it prints generated text). Writes
 golden/tokenizers/NAME.json (HF's own tokenizer.json) and golden/tokenizers/NAME.ids.json, and
 their MANIFEST rows. The harness never computes these ids: tests/test_golden_tokenizers.py
 converts NAME.json with tools/convert_tokenizer.py and compares the reference encoder with them.
@@ -330,6 +332,15 @@ def train(name: str) -> str:
         else:
             tok.normalizer = None
             tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=case.prefix, split=False)
+        # The decoder of Llama 2's and Mistral's tokenizer.json: the ids' text (decision tok.decode)
+        tok.decoder = decoders.Sequence(
+            [
+                decoders.Replace(SPIECE, " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Strip(" ", 1, 0),
+            ]
+        )
     else:
 
         def byte_level(split: str, digits: bool):
@@ -391,17 +402,40 @@ def hf_ids(tokenizer_json: str) -> dict[str, list[int]]:
     return {name: tok.encode(text, add_special_tokens=True).ids for name, text in texts().items()}
 
 
-def ids_json(name: str, ids: dict[str, list[int]]) -> str:
-    """NAME.ids.json: one text per line, {"sha256": first 16 hex of its UTF-8, "ids": [...]}."""
+def decode_from(name: str) -> int:
+    """How many leading ids the decoded text leaves out: the BOS the post-processor prepends."""
+    return 1 if CASES[name].bos else 0
+
+
+def hf_decoded(tokenizer_json: str, ids: dict[str, list[int]], skip: int) -> dict[str, str]:
+    """HF's text of every text's ids but the first ``skip`` (decode(.., skip_special_tokens=False)).
+    Whole texts' ids decode to valid UTF-8, so the text's UTF-8 is decode's bytes exactly; refused
+    if HF put a U+FFFD the text has not (bytes HF's text would not give back)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer_json)
+    out = {k: tok.decode(v[skip:], skip_special_tokens=False) for k, v in ids.items()}
+    lossy = [k for k, d in out.items() if d.count("\ufffd") > texts()[k].count("\ufffd")]
+    if lossy:
+        raise RuntimeError(f"HF decoded invalid UTF-8 for {lossy}; not writing a golden")
+    return out
+
+
+def ids_json(name: str, ids: dict[str, list[int]], decoded: dict[str, str]) -> str:
+    """NAME.ids.json: one text per line, {"sha256": first 16 hex of its UTF-8, "ids": [...],
+    "decoded": HF's text of ids[decode_from:]}."""
     head = {
         "tokenizer": f"{name}.json",
         "oracle": f"{ORACLE} {metadata.version(ORACLE)}",
         "encode": "Tokenizer.from_file(tokenizer).encode(text, add_special_tokens=True).ids",
+        "decode": "Tokenizer.from_file(tokenizer).decode(ids[decode_from:], skip_special_tokens=False)",
+        "decode_from": decode_from(name),
         "texts": "specs/tokenizer_texts.yaml",
     }
     t = texts()
     rows = [
-        f"  {json.dumps(k)}: {json.dumps({'sha256': text_digest(t[k]), 'ids': v})}" for k, v in ids.items()
+        f"  {json.dumps(k)}: " + json.dumps({"sha256": text_digest(t[k]), "ids": v, "decoded": decoded[k]})
+        for k, v in ids.items()
     ]
     body = ",\n".join(
         [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
@@ -413,7 +447,9 @@ def ids_json(name: str, ids: dict[str, list[int]]) -> str:
 def derive(name: str, out_dir: Path) -> list[Path]:
     tok_json = train_reproducibly(name)
     paths = [out_dir / f"{name}.json", out_dir / f"{name}.ids.json"]
-    data = [tok_json.encode("utf-8") + b"\n", ids_json(name, hf_ids(tok_json)).encode("utf-8")]
+    ids = hf_ids(tok_json)
+    decoded = hf_decoded(tok_json, ids, decode_from(name))
+    data = [tok_json.encode("utf-8") + b"\n", ids_json(name, ids, decoded).encode("utf-8")]
     out_dir.mkdir(parents=True, exist_ok=True)
     for path, blob in zip(paths, data, strict=True):
         atomic_write(path, [blob])

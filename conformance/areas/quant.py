@@ -16,10 +16,17 @@ if TYPE_CHECKING:
 
 
 def bytes_diff(
-    name: str, want: bytes, got: bytes, itemsize: int, per_block: int, unit: str = "element"
+    name: str,
+    want: bytes,
+    got: bytes,
+    itemsize: int,
+    per_block: int,
+    unit: str = "element",
+    dtype: str | None = None,
 ) -> tuple[str, dict]:
     """Where two byte strings of equal meaning differ, in elements of ``itemsize`` bytes, with the
-    quantization block of the first difference (``per_block`` items of kind ``unit`` per block)."""
+    quantization block of the first difference (``per_block`` items of kind ``unit`` per block).
+    ``dtype``: the elements are numbers of that dtype (scales), shown as values with their bits."""
     if len(want) != len(got):
         return f"{name}: {len(got)} bytes, expected {len(want)}", {f"{name}_len": len(got)}
     a = np.frombuffer(want, dtype=np.uint8).reshape(-1, itemsize)
@@ -29,9 +36,16 @@ def bytes_diff(
         return "", {}
     i = int(diff[0])
     where = f"block {i}" if per_block == 1 else f"block {i // per_block}, {unit} {i % per_block}"
+
+    def show(row: np.ndarray) -> str:
+        if dtype is None:
+            return row.tobytes().hex()
+        v = float(np.frombuffer(row.tobytes(), dtype=dtype)[0])
+        return f"{v!r} ({float.hex(v)}, bytes {row.tobytes().hex()})"
+
     return (
         f"{name}: {diff.size} of {len(a)} elements differ, first at {i} ({where}): "
-        f"got {b[i].tobytes().hex()} expected {a[i].tobytes().hex()}"
+        f"got {show(b[i])} expected {show(a[i])}"
     ), {f"{name}_differ": int(diff.size), f"{name}_first": i}
 
 
@@ -72,7 +86,8 @@ def bit_exact(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
     dq, mq = bytes_diff(
         "quants", want_q, q, 1, 32 if q8 else 16, "element" if q8 else "byte (elements j and j + 16)"
     )
-    dd, md = bytes_diff("scales", want_d, d, 2 if case.params["f16"] else 4, 1)
+    f16 = case.params["f16"]
+    dd, md = bytes_diff("scales", want_d, d, 2 if f16 else 4, 1, dtype="<f2" if f16 else "<f4")
     r.metrics = {**mq, **md, **byte_distance(want_q + want_d, q + d)}
     r.got = "identical" if not (dq or dd) else "differs"
     r.outcome = "pass" if not (dq or dd) else "fail"

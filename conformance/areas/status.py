@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mlconf import versions
+from mlconf import specs, versions
 from mlconf.backends import STATUSES
 
 if TYPE_CHECKING:
@@ -46,13 +46,44 @@ def run(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
     r.output = got.status
     if got.status != expected:
         r.outcome = "fail"
-        r.detail = f"expected {expected}, got {got.status}: {got.reason}"
+        r.detail = f"expected {expected}, got {got.status}: {got.reason}{_the_rule(case, rule, path, work)}"
     elif rule is not None and got.rule is not None and got.rule != rule:
         # the right status for the wrong reason: a misparse that tripped another rule
         r.outcome = "fail"
-        r.detail = f"{expected} as expected, but by rule {got.rule or '(none)'}, not {rule}: {got.reason}"
+        r.detail = (
+            f"{expected} as expected, but by rule {got.rule or '(none)'}, not {rule}: {got.reason}"
+            f"{_the_rule(case, rule, path, work)}"
+        )
     else:
         r.outcome = "pass"
         r.detail = got.reason if rule is None or got.rule is not None else f"{got.reason} (status only)"
     if why:
         r.detail += f" (expected {expected}: {why})"
+
+
+def _rule_text(capability: str, rule: str) -> str:
+    """The spec's sentence of a rule id (mlb_errors.yaml `seed`, mlt.yaml `meaning`) and its
+    decision id, as one clause."""
+    doc = specs.load("mlt" if capability == "load_tokenizer" else "mlb_errors")
+    r = next((r for r in doc["rules"] if r["id"] == rule), None)
+    if r is None:
+        return ""
+    said = r.get("seed") or r.get("meaning") or ""
+    return (f' "{said}"' if said else "") + (f" (decision {r['decision']})" if r.get("decision") else "")
+
+
+def _the_rule(case: Case, rule: str | None, path: str, work: Workdir) -> str:
+    """What a failing status case must say, for the runtime author: the rule, the spec's sentence,
+    the decision, and the reference's reason (which names the field, its offset and its value)."""
+    if rule is None:
+        return ""
+    from mlconf.backends.reference import loader, mlt
+
+    if case.capability == "load_tokenizer":
+        fx = case.params.get("fixture")
+        ref = mlt.load(path, fx.model_vocab if fx is not None else None)
+    else:
+        ref = loader.load(path, case.params.get("target_version"))
+    if not rule:
+        return f"; the spec accepts the file (the reference: {ref.reason})"
+    return f"; the spec: rule {rule}{_rule_text(case.capability, rule)}; the reference: {ref.reason}"

@@ -12,8 +12,8 @@
  *     area pass fail unsupported error
  *
  * Exit status 1 when a case fails or errors. The comparisons are the harness's (conformance/
- * compare.py): statuses by name; refusals by any of the listed statuses; outputs byte for byte;
- * token ids; float outputs by nmse (mean squared error over the mean square of the expectation,
+ * compare.py): statuses by name; refusals by any of the listed statuses; outputs (decoded text
+ * too) byte for byte; token ids; float outputs by nmse (mean squared error over the mean square of the expectation,
  * both over the elements finite in both), max_abs, max_ulp, argmax agreement over the rows and
  * cosine, each against the case's thresholds; a non-finite value must stand where the expectation
  * has the same one.
@@ -44,6 +44,7 @@ typedef struct {
     int (*tok_load)(const char *, int32_t, ml_tokenizer **, char *, size_t);
     void (*tok_free)(ml_tokenizer *);
     int (*tok_encode)(const ml_tokenizer *, const char *, size_t, int32_t *, size_t, size_t *);
+    int (*tok_decode)(const ml_tokenizer *, const int32_t *, size_t, char *, size_t, size_t *);
     int (*i2s_quantize)(const float *, size_t, size_t, uint8_t *);
     int (*i2s_quantize_act)(const float *, size_t, size_t, int8_t *, float *, int32_t *);
     int (*i2s_matmul)(const uint8_t *, size_t, size_t, const float *, size_t, float *);
@@ -70,6 +71,7 @@ static lib_t open_lib(void *h) {
     *(void **)&L.tok_load = sym(h, "ml_tok_load");
     *(void **)&L.tok_free = sym(h, "ml_tok_free");
     *(void **)&L.tok_encode = sym(h, "ml_tok_encode");
+    *(void **)&L.tok_decode = sym(h, "ml_tok_decode");
     *(void **)&L.i2s_quantize = sym(h, "ml_i2s_quantize");
     *(void **)&L.i2s_quantize_act = sym(h, "ml_i2s_quantize_act");
     *(void **)&L.i2s_matmul = sym(h, "ml_i2s_matmul");
@@ -236,6 +238,21 @@ static int refused_ok(const case_t *c, int st) {
     return 0;
 }
 
+/* One rule for ML_E_UNSUPPORTED, as `mlconf run` has it: "this library does not do that variant",
+ * so the case is unsupported whatever it expects, a refusal included. `refusal`: a case whose input
+ * must be refused (one of the expected statuses passes; `what` says what went wrong, followed by
+ * the status); `not_ok`: a call that should have succeeded. */
+static int refusal(const case_t *c, int st, const char *what) {
+    if (st == ML_E_UNSUPPORTED) return SAY("ML_E_UNSUPPORTED"), UNSUPPORTED;
+    if (refused_ok(c, st)) return PASS;
+    return SAY("%s (%s)", what, status_name(st)), FAIL;
+}
+
+static int not_ok(int st, const char *fn) {
+    if (st == ML_E_UNSUPPORTED) return SAY("%s: ML_E_UNSUPPORTED", fn), UNSUPPORTED;
+    return SAY("%s returned %s", fn, status_name(st)), FAIL;
+}
+
 /* bit-exact: got (len bytes) against output `name` */
 static int same_bytes(const char *name, const void *got, size_t len, const blob *want) {
     if (len != want->len) return SAY("%s: %zu bytes, expected %zu", name, len, want->len), 0;
@@ -360,8 +377,7 @@ static int op_quant(const lib_t *L, const char *dir, const case_t *c) {
                                    has_imp ? imp.data : NULL, q, d);
     int out;
     if (strcmp(c->compare, "refused") == 0) {
-        out = refused_ok(c, st) ? PASS : FAIL;
-        if (out == FAIL) SAY("the quantizer returned %s for an input it must refuse", status_name(st));
+        out = refusal(c, st, "the quantizer accepted an input it must refuse");
     } else if (st == ML_E_UNSUPPORTED) {
         out = UNSUPPORTED, SAY("ML_E_UNSUPPORTED");
     } else if (st != ML_OK) {
@@ -414,6 +430,33 @@ static int op_encode(const lib_t *L, const char *dir, const case_t *c) {
     return out;
 }
 
+static int op_decode(const lib_t *L, const char *dir, const case_t *c) {
+    NEED(L->tok_load);
+    NEED(L->tok_decode);
+    blob ids, want;
+    const char *tv = get(c->inputs, c->n_inputs, "tokenizer");
+    if (!tv || !input(dir, c->inputs, c->n_inputs, "ids", &ids)) return ERROR;
+    if (!input(dir, c->outputs, c->n_outputs, "bytes", &want)) return drop(&ids), ERROR;
+    file_ref tr = parse_ref(dir, tv);
+    ml_tokenizer *t = NULL;
+    char reason[512] = "";
+    int st = L->tok_load(tr.path, 0, &t, reason, sizeof reason), out = ERROR;
+    free_ref(&tr);
+    if (st != ML_OK) return drop(&ids), drop(&want), not_opened("ml_tok_load", st, reason);
+    size_t cap = want.len + 16, n = 0;
+    char *got = malloc(cap);
+    st = L->tok_decode(t, ids.data, ids.ref.count, got, cap, &n);
+    if (st == ML_E_ARG && n > cap) {
+        got = realloc(got, cap = n);
+        st = L->tok_decode(t, ids.data, ids.ref.count, got, cap, &n);
+    }
+    if (st != ML_OK) SAY("ml_tok_decode returned %s", status_name(st)); /* an error, as in mlconf run */
+    else out = same_bytes("decoded", got, n, &want) ? PASS : FAIL;
+    free(got), drop(&ids), drop(&want);
+    if (L->tok_free) L->tok_free(t);
+    return out;
+}
+
 static int op_forward(const lib_t *L, const char *dir, const case_t *c) {
     NEED(L->load);
     NEED(L->forward);
@@ -462,8 +505,8 @@ static int op_i2s(const lib_t *L, const char *dir, const case_t *c) {
         size_t len = rows * cols / 4 + 32;
         uint8_t *p = calloc(len, 1);
         st = L->i2s_quantize(a.data, rows, cols, p);
-        if (refused) out = refused_ok(c, st) ? PASS : (SAY("accepted (%s) an input it must refuse", status_name(st)), FAIL);
-        else if (st != ML_OK) out = FAIL, SAY("returned %s", status_name(st));
+        if (refused) out = refusal(c, st, "accepted an input it must refuse");
+        else if (st != ML_OK) out = not_ok(st, c->op);
         else if (input(dir, c->outputs, c->n_outputs, "payload", &b)) out = same_bytes("payload", p, len, &b) ? PASS : FAIL;
         free(p);
     } else if (strcmp(c->op, "ml_i2s_quantize_act") == 0) {
@@ -473,8 +516,8 @@ static int op_i2s(const lib_t *L, const char *dir, const case_t *c) {
         float *scale = calloc(rows + 1, 4);
         int32_t *sum = calloc(rows + 1, 4);
         st = L->i2s_quantize_act(a.data, rows, cols, q, scale, sum);
-        if (refused) out = refused_ok(c, st) ? PASS : (SAY("accepted (%s) an input it must refuse", status_name(st)), FAIL);
-        else if (st != ML_OK) out = FAIL, SAY("returned %s", status_name(st));
+        if (refused) out = refusal(c, st, "accepted an input it must refuse");
+        else if (st != ML_OK) out = not_ok(st, c->op);
         else {
             blob wq, ws, wsum;
             int ok = input(dir, c->outputs, c->n_outputs, "q", &wq) && input(dir, c->outputs, c->n_outputs, "scale", &ws) &&
@@ -497,8 +540,8 @@ static int op_i2s(const lib_t *L, const char *dir, const case_t *c) {
          * layout.reading) */
         if (cols % 128 == 0 && a.len != rows * cols / 4 + 32) st = ML_E_ARG;
         else st = L->i2s_matmul(a.data, rows, cols, x.data, n, y);
-        if (refused) out = refused_ok(c, st) ? PASS : (SAY("accepted (%s) an input it must refuse", status_name(st)), FAIL);
-        else if (st != ML_OK) out = FAIL, SAY("returned %s", status_name(st));
+        if (refused) out = refusal(c, st, "accepted an input it must refuse");
+        else if (st != ML_OK) out = not_ok(st, c->op);
         else if (input(dir, c->outputs, c->n_outputs, "y", &b)) out = same_bytes("y", y, n * rows * 4, &b) ? PASS : FAIL;
         free(y), drop(&x);
     }
@@ -526,8 +569,7 @@ static int op_embed(const lib_t *L, const char *dir, const case_t *c) {
     free_ref(&mr);
     if (strcmp(c->op, "ml_embed_load") == 0) { /* a damaged file: the load must refuse it */
         if (e) L->embed_free(e);
-        if (refused_ok(c, st)) return PASS;
-        return SAY("ml_embed_load accepted (%s) a file it must refuse", status_name(st)), FAIL;
+        return refusal(c, st, "ml_embed_load accepted a file it must refuse");
     }
     if (st != ML_OK) return not_opened("ml_embed_load", st, reason);
     blob toks, want;
@@ -535,8 +577,8 @@ static int op_embed(const lib_t *L, const char *dir, const case_t *c) {
     size_t dim = (size_t)L->embed_dim(e);
     float *got = calloc(dim + 1, 4);
     st = L->embed(e, toks.data, (int32_t)toks.ref.count, (int32_t)arg(c, "pooling"), (int32_t)arg(c, "normalize"), got);
-    if (refused) out = refused_ok(c, st) ? PASS : (SAY("ml_embed accepted (%s) a call it must refuse", status_name(st)), FAIL);
-    else if (st != ML_OK) out = FAIL, SAY("ml_embed returned %s", status_name(st));
+    if (refused) out = refusal(c, st, "ml_embed accepted a call it must refuse");
+    else if (st != ML_OK) out = not_ok(st, "ml_embed");
     else if (input(dir, c->outputs, c->n_outputs, "embedding", &want)) {
         out = want.ref.count != dim ? (SAY("dim %zu, expected %zu", dim, want.ref.count), FAIL)
               : within(c, got, want.data, dim, 0, 1) ? PASS : FAIL;
@@ -552,6 +594,7 @@ static int run_case(const lib_t *L, const char *dir, const case_t *c) {
     if (strcmp(c->compare, "status") == 0) return op_status(L, dir, c);
     if (strncmp(c->op, "ml_quantize_", 12) == 0) return op_quant(L, dir, c);
     if (strcmp(c->op, "ml_tok_encode") == 0) return op_encode(L, dir, c);
+    if (strcmp(c->op, "ml_tok_decode") == 0) return op_decode(L, dir, c);
     if (strcmp(c->op, "ml_forward") == 0) return op_forward(L, dir, c);
     if (strncmp(c->op, "ml_i2s_", 7) == 0) return op_i2s(L, dir, c);
     if (strncmp(c->op, "ml_embed", 8) == 0) return op_embed(L, dir, c);
@@ -581,10 +624,8 @@ int main(int argc, char **argv) {
         int out = run_case(&L, argv[1], &c);
         count(c.area, out);
         total++;
-        if (out == FAIL || out == ERROR) {
-            failing++;
-            printf("%s %s: %s\n", OUTCOME[out], c.id, detail);
-        }
+        if (out == FAIL || out == ERROR) failing++;
+        if (out != PASS) printf("%s %s: %s\n", OUTCOME[out], c.id, detail); /* every case not passed */
     }
     free(line);
     printf("area pass fail unsupported error\n");
