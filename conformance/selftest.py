@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -136,7 +137,7 @@ def _compile(cc: str, src: Path, flags: list[str], include: Path, objdir: Path) 
     )
     obj = objdir / f"{src.stem}-{key[:20]}.o"
     if not obj.exists():
-        tmp = obj.with_suffix(f".{key[20:28]}.tmp.o")
+        tmp = obj.with_name(f"{obj.stem}.{os.getpid()}.tmp.o")  # one per process: xdist workers share objdir
         build._run([*cc.split(), *flags, "-I", str(include), "-c", str(src), "-o", str(tmp)])
         tmp.replace(obj)
     return obj
