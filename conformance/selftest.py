@@ -17,6 +17,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -125,20 +126,15 @@ def _digest(*parts: bytes) -> str:
 def _compile(cc: str, src: Path, flags: list[str], include: Path, objdir: Path) -> Path:
     """One object, kept under objdir by the sha256 of the compiler, the flags, the source and
     every header of its folder and of include/ (a patched header recompiles what is beside it)."""
-    headers = sorted(
-        [
-            *src.parent.glob("*.h"),
-            *include.glob("*.h"),
-            *(src.parent.parent.parent / "native" / "src").glob("*.h"),
-        ]
-    )
+    folders = {src.parent, include, src.parents[2] / "native" / "src"}  # bitnet/src includes native/src's
+    headers = sorted(h for d in folders for h in d.glob("*.h"))
     key = _digest(
         repr((cc, flags)).encode(), src.read_bytes(), *(h.name.encode() + h.read_bytes() for h in headers)
     )
     obj = objdir / f"{src.stem}-{key[:20]}.o"
     if not obj.exists():
         tmp = obj.with_name(f"{obj.stem}.{os.getpid()}.tmp.o")  # one per process: xdist workers share objdir
-        build._run([*cc.split(), *flags, "-I", str(include), "-c", str(src), "-o", str(tmp)])
+        build._run([*shlex.split(cc), *flags, "-I", str(include), "-c", str(src), "-o", str(tmp)])
         tmp.replace(obj)
     return obj
 
@@ -158,7 +154,7 @@ def build_variant(bug: Bug | None, lib: str, out: Path, objdir: Path) -> Path:
             copy = root / src.relative_to(HERE)
             objs.append(_compile(cc, copy, flags + isa, root / "native" / "include", objdir))
         out.parent.mkdir(parents=True, exist_ok=True)
-        build._run([*cc.split(), *flags, "-shared", "-o", str(out), *map(str, objs), "-lm", "-lpthread"])
+        build._run([*shlex.split(cc), *flags, "-shared", "-o", str(out), *map(str, objs), "-lm", "-lpthread"])
     return out
 
 
@@ -234,7 +230,7 @@ def describe(v: Verdict) -> str:
 
 def compiler_ok() -> str:
     """Why variants cannot be built here ("" when they can)."""
-    cc = build.default_cc().split()[0]
+    cc = shlex.split(build.default_cc())[0]
     if shutil.which(cc) is None:
         return f"no C compiler {cc!r}"
     try:

@@ -204,7 +204,7 @@ def test_progress_lines_and_in_place_updates():
     class Res:
         def __init__(self, outcome):
             self.outcome, self.backend, self.case, self.detail = outcome, "b", "area/x", "why"
-            self.capability = "load"
+            self.capability, self.claims = "load", ()
 
     out = io.StringIO()
     p = cli.Progress(20, stream=out)

@@ -128,6 +128,9 @@ CAPABILITY_SYMBOLS: dict[str, tuple[str, ...]] = {
     "embed": ("ml_embed_load", "ml_embed_free", "ml_embed_dim", "ml_embed_vocab", "ml_embed"),
 }
 
+# The functions no capability needs: used when a library exports them (README "Implementing the C ABI")
+OPTIONAL = tuple(sorted(set(FUNCTIONS) - {s for syms in CAPABILITY_SYMBOLS.values() for s in syms}))
+
 # open_embedder's reading -> the ML_READ_* code of ml_embed_load_reading (optional in the embed group)
 READING_CODES = {None: 0, "float": 1, "ternary": 2}
 
