@@ -457,6 +457,11 @@ I2S_BLOCK, I2S_TAIL = 128, 32  # specs/i2s.yaml block, tail_bytes
 BITNET_DIR = GOLDEN_DIR / "bitnet"
 EMBED_POOLINGS = ("mean", "cls", "last")
 EMBED_SEQUENCES = 3  # tokens_0 .. tokens_2 of golden/bitnet/NAME.npz
+# A long sequence, compared with the reference only (the goldens' are 1, 5 and 12 tokens): past
+# two key tiles of 64 and nine query tiles of 16 of a tiled (flash-style) attention, so that its
+# running max / sum rescaling between tiles and its masks at tile edges are exercised, and far
+# past Gemma's sliding window.
+EMBED_LONG = 150
 # seeded random inputs compared bit for bit with the reference backend: (rows, cols, n tokens)
 I2S_RANDOM = ((1, 128, 1), (3, 256, 2), (17, 384, 5), (64, 512, 7), (5, 1280, 3))
 # I2_S inputs every backend must refuse (specs/i2s.yaml `refused`): name -> (shape, NaN at flat index)
@@ -784,6 +789,29 @@ def _embed_cases() -> list[Case]:
                                     data[key].astype(np.float32),
                                 )
                             )
+        # the goldens' own tokens, repeated to EMBED_LONG (valid ids of the model's vocabulary)
+        long = np.resize(np.concatenate([data[f"tokens_{i}"] for i in range(EMBED_SEQUENCES)]), EMBED_LONG)
+        for pooling in EMBED_POOLINGS:
+            out.append(
+                Case(
+                    f"bitnet/embed/{name}/long_{EMBED_LONG}/{pooling}/vs_reference",
+                    "bitnet",
+                    "embed",
+                    f"tolerances.yaml#{EMBED_TOLERANCES[own][1]} (golden/bitnet/{name}, {EMBED_LONG} "
+                    "tokens: across attention tiles)",
+                    "toleranced",
+                    {
+                        "op": "embed",
+                        "model": gguf,
+                        "tokens": long.astype(np.int32),
+                        "pooling": pooling,
+                        "normalize": False,
+                        "reading": None,
+                        "tolerance": EMBED_TOLERANCES[own][1],
+                        "expected_from": "reference",
+                    },
+                )
+            )
         for kind in GGUF_DAMAGE:
             if kind == "code3" and not any(t["type"] == GGUF_I2_S for t in gguf_tensors(gguf)):
                 continue

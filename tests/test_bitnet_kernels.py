@@ -15,10 +15,12 @@ one ISA, so every table runnable here (scalar, avx2 on x86-64) is compared with 
   +-0.5 / 1.5 ties of w * s, a tensor whose float mean depends on the float64 summation order,
   which NumPy does pairwise); ml_i2s_quantize_act / ml_i2s_matmul: bit-identical to
   quantize_activations / bitlinear, under every ISA (ml_set_isa); the refusals of mlrt.h;
-- the prefill's element-wise kernels (epilogue, axpy, axpy4, act_mul, norm_mul) and attention's dot_f32x4
-  (a run of keys against four queries):
-  the header's formulas bit for bit on every ISA, and the activations' exp / SiLU / GELU against
-  float64.
+- the prefill's element-wise kernels (epilogue, act_mul, norm_mul) and attention's att_scores,
+  att_softmax and att_pv: the header's formulas bit for bit on every ISA (fmaf transcribed exactly
+  in float64 with round-to-odd), and the activations' exp / SiLU / GELU against float64;
+- the tiled attention (attn.c) against float64 softmax attention, causal and windowed, on every
+  ISA with identical bits, across tile boundaries, GQA and head widths that are not a multiple
+  of the SIMD tiles.
 NEON: backends/bitnet/tests/i2s_main.c cross-compiled for aarch64 (-static) runs the neon and
 scalar tables and the API under qemu-aarch64 -cpu max on the same inputs, compared with the
 reference here (skipped when aarch64-linux-gnu-gcc or qemu-aarch64 is missing); the same driver
@@ -369,7 +371,7 @@ def _float_dot(w: np.ndarray, x: np.ndarray) -> np.float32:
 
 @pytest.mark.parametrize("seed", [3, 4])
 def test_float_dots_follow_the_table_order(lib, isa, seed):
-    """dot_f16 / dot_f32 (the float reading and attention) give the documented order's bits on
+    """dot_f16 / dot_f32 (the float reading) give the documented order's bits on
     every ISA, for any length (leftovers past the last group of 8) and f16 weights of any finite bits."""
     rng = np.random.default_rng(seed)
     for n in (1, 7, 8, 9, 64, 127, 640, 1000, 4096):
@@ -387,18 +389,6 @@ def test_float_dots_follow_the_table_order(lib, isa, seed):
             )
             assert rc == ML_OK
             assert out.view(F32)[0].tobytes() == want.tobytes(), f"{isa} {op} n {n}"
-        xs = np.stack([x, -x[::-1], wf * F32(0.5), x * wf]).astype(F32)  # one key row, four queries
-        want4 = np.array([_float_dot(wf, r) for r in xs], F32)
-        _same_bits(_kernel_f32(lib, isa, "dot_f32x4", wf, xs, count=4), want4, f"{isa} dot_f32x4 n {n}")
-        for nk in (2, 3, 5):  # a run of keys (two at a time on x86, then the odd one)
-            keys = np.stack([wf * F32(1 + t) if t % 2 else wf[::-1] for t in range(nk)]).astype(F32)
-            b = np.concatenate([np.int32([nk]).view(F32), xs.ravel()])
-            want = np.array([[_float_dot(keys[t], xs[i]) for t in range(nk)] for i in range(4)], F32)
-            _same_bits(
-                _kernel_f32(lib, isa, "dot_f32x4_keys", keys.ravel(), b, count=4 * nk, n=n),
-                want.ravel(),
-                f"{isa} dot_f32x4 n {n} {nk} keys",
-            )
 
 
 # ---------------------------------------------------------------- element-wise kernels
@@ -462,7 +452,7 @@ def test_exp_hook_is_the_header_formula(lib):
 
 @pytest.mark.parametrize("seed", [6, 7])
 def test_elementwise_kernels_follow_the_formulas(lib, isa, seed):
-    """epilogue, axpy, axpy4, act_mul and norm_mul give the header's one-element formulas' bits on
+    """epilogue, act_mul and norm_mul give the header's one-element formulas' bits on
     every ISA (here: NumPy float32 transcriptions), for every length (the leftovers after the SIMD
     groups)."""
     rng = np.random.default_rng(seed)
@@ -478,22 +468,6 @@ def test_elementwise_kernels_follow_the_formulas(lib, isa, seed):
         )
         x = _activation_inputs(seed)[rng.integers(0, 250_000, n)]
         y = (rng.standard_normal(n) * np.exp2(rng.integers(-10, 10, n))).astype(F32)
-        p = F32(rng.standard_normal())
-        _same_bits(
-            _kernel_f32(lib, isa, "axpy", x, np.concatenate([[p], y]).astype(F32)),
-            y + p * x,
-            f"{isa} axpy n {n}",
-        )
-        y4 = np.stack([y, -y, y[::-1], y * F32(3)]).astype(F32)
-        for nt in (0, 1, 3, 9):  # a run of nt V rows, each added in order
-            xs = np.array([np.roll(x, 5 * t) * F32(1 + t) for t in range(nt)], F32).reshape(nt, n)
-            p4 = rng.standard_normal((4, nt)).astype(F32)
-            want = y4.copy()
-            for t in range(nt):
-                want = want + p4[:, t, None] * xs[t]
-            b = np.concatenate([np.array([nt], np.int32).view(F32), p4.ravel(), y4.ravel()]).astype(F32)
-            got = _kernel_f32(lib, isa, "axpy4", xs.ravel() if nt else x, b, count=4 * n, n=n)
-            _same_bits(got, want.ravel(), f"{isa} axpy4 n {n} rows {nt}")
         for op in ("silu_mul", "gelu_mul"):
             _same_bits(_kernel_f32(lib, isa, op, x, y), _header_act(op[0] == "g", x, y), f"{isa} {op} n {n}")
         r = F32(1 / rng.uniform(0.01, 100))  # RMSNorm's scaling, in place (out = v)
@@ -800,6 +774,7 @@ def driver_sources(simd: list[str], extra: list[str]) -> list[tuple[Path, list[s
         SRC / "dispatch.c",
         SRC / "i2s_api.c",
         SRC / "embed.c",
+        SRC / "attn.c",
         SRC / "gguf.c",
         NATIVE / "src" / "pool.c",
         NATIVE / "src" / "f16.c",
@@ -980,3 +955,167 @@ def test_embed_under_qemu_matches_this_machine(neon_driver):
 @pytest.mark.slow
 def test_embed_sanitized_matches_this_machine(sanitized_driver):
     check_embed(sanitized_driver)
+
+
+# ---------------------------------------------------------------- attention
+def _fma32(a, b, c) -> np.ndarray:
+    """float32 fmaf(a, b, c), exactly: a * b is exact in float64, their sum's rounding error e by
+    TwoSum; the sum rounded to odd in float64 (53 >= 24 + 2 bits) then rounds to float32 once."""
+    a, b, c = (np.asarray(v, F32).astype(np.float64) for v in (a, b, c))
+    prod = a * b
+    t = prod + c
+    bb = t - prod
+    e = (prod - (t - bb)) + (c - bb)
+    even = (t.view(np.int64) & 1) == 0
+    t = np.where((e != 0) & even, np.nextafter(t, np.where(e > 0, np.inf, -np.inf)), t)
+    return t.astype(F32)
+
+
+def test_fma32_is_exact():
+    """The transcription's fma against exact rationals, on values whose float64 sum rounds."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(11)
+    a = (rng.standard_normal(3000) * np.exp2(rng.integers(-30, 30, 3000))).astype(F32)
+    b = (rng.standard_normal(3000) * np.exp2(rng.integers(-30, 30, 3000))).astype(F32)
+    c = (rng.standard_normal(3000) * np.exp2(rng.integers(-90, 60, 3000))).astype(F32)
+    c[:1000] = -(a[:1000].astype(np.float64) * b[:1000]).astype(F32)  # near-cancellations
+    got = _fma32(a, b, c)
+    for i in range(a.size):
+        exact = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+        lo = F32(float(exact))  # a candidate; the nearest float32 is it or a neighbour
+        cands = [np.nextafter(lo, F32(-np.inf)), lo, np.nextafter(lo, F32(np.inf))]
+        want = min(cands, key=lambda f: (abs(Fraction(float(f)) - exact), int(F32(f).view(np.uint32)) & 1))
+        assert got[i].tobytes() == F32(want).tobytes(), (a[i], b[i], c[i])
+
+
+def _kt_index(hd: int, j: int, d: int) -> int:
+    """I2S_ATT_KT: key j's element d in a tile of keys transposed in blocks of 16."""
+    return ((j // 16) * hd + d) * 16 + j % 16
+
+
+def _scores_formula(q: np.ndarray, k: np.ndarray, scale) -> np.ndarray:
+    acc = np.zeros((q.shape[0], k.shape[0]), F32)
+    for d in range(q.shape[1]):
+        acc = _fma32(q[:, d, None], k[None, :, d], acc)
+    return (acc * F32(scale)).astype(F32)
+
+
+def _softmax_formula(s, a, b, m, total):
+    """i2s_att_softmax_row for each row: (p, m, l, alpha)."""
+    s, m, total = s.copy(), m.copy(), total.copy()
+    alpha = np.zeros_like(m)
+    nk = s.shape[1]
+    for i in range(s.shape[0]):
+        mt = m[i]
+        for j in range(a[i], b[i]):
+            mt = s[i, j] if s[i, j] > mt else mt
+        alpha[i] = F32(0) if m[i] == -np.inf else _header_exp(np.array([m[i] - mt], F32))[0]
+        inside = (np.arange(nk) >= a[i]) & (np.arange(nk) < b[i])
+        p = np.where(inside, _header_exp((s[i] - mt).astype(F32)), F32(0)).astype(F32)
+        lanes = np.zeros(8, F32)
+        for j in range(nk):
+            lanes[j % 8] = F32(lanes[j % 8] + p[j])
+        left = F32(F32(lanes[0] + lanes[1]) + F32(lanes[2] + lanes[3]))
+        tot = F32(left + F32(F32(lanes[4] + lanes[5]) + F32(lanes[6] + lanes[7])))
+        total[i] = F32(F32(total[i] * alpha[i]) + tot)
+        m[i], s[i] = mt, p
+    return s, m, total, alpha
+
+
+@pytest.mark.parametrize("seed", [8, 9])
+def test_attention_kernels_follow_the_formulas(lib, isa, seed):
+    """att_scores, att_softmax and att_pv give the header's definitions' bits on every ISA (one
+    fused multiply-add per step, in the documented orders), for query counts and key counts that
+    are and are not multiples of the SIMD tiles (4 rows x 16), head widths 8 .. 136."""
+    rng = np.random.default_rng(seed)
+    shapes = ((8, 1, 1), (32, 3, 7), (32, 4, 16), (64, 5, 17), (128, 16, 64), (136, 6, 33), (16, 16, 40))
+    for hd, nq, nk in shapes:
+        q = (rng.standard_normal((nq, hd)) * np.exp2(rng.integers(-6, 6, (nq, hd)))).astype(F32)
+        k = (rng.standard_normal((nk, hd)) * np.exp2(rng.integers(-6, 6, (nk, hd)))).astype(F32)
+        kt = np.zeros(((nk + 15) // 16) * 16 * hd, F32)
+        for j in range(nk):
+            for d in range(hd):
+                kt[_kt_index(hd, j, d)] = k[j, d]
+        scale = F32(1 / np.sqrt(hd))
+        b = np.concatenate([np.int32([nq, nk]).view(F32), [scale], q.ravel()]).astype(F32)
+        got = _kernel_f32(lib, isa, "att_scores", kt, b, count=nq * nk, n=hd).reshape(nq, nk)
+        want = _scores_formula(q, k, scale)
+        _same_bits(got, want, f"{isa} att_scores hd {hd} nq {nq} nk {nk}")
+
+        lo = rng.integers(0, nk + 1, nq).astype(np.int32)
+        hi = np.minimum(lo + rng.integers(0, nk + 1, nq), nk).astype(np.int32)
+        lo[0], hi[0] = 0, nk  # one row with every key; another with none (if there are two)
+        if nq > 1:
+            hi[1] = lo[1]
+        m0 = np.where(rng.random(nq) < 0.5, F32(-np.inf), want.max(axis=1) - F32(1)).astype(F32)
+        m0[0] = -np.inf
+        l0 = np.where(m0 == -np.inf, F32(0), rng.uniform(1, 5, nq)).astype(F32)
+        b = np.concatenate([np.concatenate([[nq], lo, hi]).astype(np.int32).view(F32), m0, l0]).astype(F32)
+        got = _kernel_f32(lib, isa, "att_softmax", want, b, count=nq * nk + 3 * nq, n=nk)
+        p, m, total, alpha = _softmax_formula(want, lo, hi, m0, l0)
+        _same_bits(got[: nq * nk].reshape(nq, nk), p, f"{isa} att_softmax p nk {nk}")
+        _same_bits(
+            got[nq * nk :], np.concatenate([m, total, alpha]), f"{isa} att_softmax m, l, alpha nk {nk}"
+        )
+
+        v = (rng.standard_normal((nk, hd)) * np.exp2(rng.integers(-6, 6, (nk, hd)))).astype(F32)
+        o = rng.standard_normal((nq, hd)).astype(F32)
+        b = np.concatenate([np.int32([nq, nk]).view(F32), p.ravel(), alpha, o.ravel()]).astype(F32)
+        got = _kernel_f32(lib, isa, "att_pv", v, b, count=nq * hd, n=hd).reshape(nq, hd)
+        acc = (o * alpha[:, None]).astype(F32)
+        for j in range(nk):
+            acc = _fma32(p[:, j, None], v[None, j, :], acc)
+        _same_bits(got, acc, f"{isa} att_pv hd {hd} nq {nq} nk {nk}")
+
+
+def _attention(lib, isa, q, k, v, window, scale):
+    n, nh, hd = q.shape
+    nkv = k.shape[1]
+    b = np.concatenate([np.int32([hd, nh, nkv, window]).view(F32), [scale], k.ravel(), v.ravel()]).astype(F32)
+    return _kernel_f32(lib, isa, "attention", q, b, count=n * nh * hd, n=n).reshape(n, nh, hd)
+
+
+def _attention_f64(q, k, v, window, scale):
+    n, nh, hd = q.shape
+    group = nh // k.shape[1]
+    out = np.zeros((n, nh, hd))
+    for h in range(nh):
+        kk, vv = k[:, h // group].astype(np.float64), v[:, h // group].astype(np.float64)
+        sc = q[:, h].astype(np.float64) @ kk.T * float(scale)
+        i, j = np.indices((n, n))
+        sc[(j > i) | ((window > 0) & (j <= i - window))] = -np.inf
+        w = np.exp(sc - sc.max(axis=1, keepdims=True))
+        out[:, h] = (w / w.sum(axis=1, keepdims=True)) @ vv
+    return out
+
+
+@pytest.mark.parametrize(
+    "n, nh, nkv, hd, window",
+    [
+        (1, 2, 1, 8, 0),
+        (15, 4, 2, 32, 0),
+        (64, 2, 2, 16, 0),
+        (65, 4, 1, 32, 5),
+        (130, 2, 1, 40, 64),
+        (200, 3, 3, 24, 17),
+        (97, 2, 2, 136, 0),
+    ],
+)
+def test_tiled_attention_is_softmax_attention(lib, n, nh, nkv, hd, window):
+    """i2s_attention (query tiles of 16, key tiles of 64, online softmax) against float64 softmax
+    attention, causal and windowed, across tile boundaries and GQA: within 2e-6 relative of the
+    largest output (float32 sums of ~n terms), and with the same bits on every ISA runnable here.
+    A query's output does not depend on the tokens after it (its tiles and their order are the
+    same), so a prefix of the sequence gives the prefix of the output, bit for bit."""
+    rng = np.random.default_rng(n * 31 + hd)
+    q, k, v = (rng.standard_normal((n, c, hd)).astype(F32) for c in (nh, nkv, nkv))
+    scale = F32(1 / np.sqrt(hd))
+    want = _attention_f64(q, k, v, window, scale)
+    got = {isa: _attention(lib, isa, q, k, v, window, scale) for isa in ISAS if lib.runnable(isa)}
+    assert np.abs(got["scalar"] - want).max() <= 2e-6 * np.abs(want).max()
+    for isa, o in got.items():
+        _same_bits(o, got["scalar"], f"{isa} attention")
+    cut = n // 2 + 1
+    prefix = _attention(lib, "scalar", q[:cut], k[:cut], v[:cut], window, scale)
+    _same_bits(prefix, got["scalar"][:cut], "prefix")

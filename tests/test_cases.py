@@ -102,6 +102,16 @@ def test_bitnet_embed_case_counts():
     for name in names:
         own = str(np.load(cases.BITNET_DIR / f"{name}.npz")["reading"])
         mine = [c for c in embed if c.id.startswith(f"bitnet/embed/{name}/")]
+        long = [c for c in mine if f"/long_{cases.EMBED_LONG}/" in c.id]  # the reference's, own reading
+        assert len(long) == len(cases.EMBED_POOLINGS)
+        assert all(
+            c.params["expected_from"] == "reference"
+            and c.params["tolerance"] == tolerances[own][1]
+            and c.params["reading"] is None
+            and c.params["tokens"].size == cases.EMBED_LONG
+            for c in long
+        )
+        mine = [c for c in mine if c not in long]
         for reading in (None, "ternary"):  # the file's own reading, and the ternary option
             sel = [c for c in mine if c.params["reading"] == reading]
             if reading == "ternary" and (own == "ternary" or name.endswith("teacher_f16")):
@@ -138,9 +148,9 @@ def test_bitnet_embed_case_counts():
         for n in names
         if str(np.load(cases.BITNET_DIR / f"{n}.npz")["reading"]) == "float" and not n.endswith("teacher_f16")
     )  # float students are read ternary too
-    assert len(embed) == (len(names) + students_f) * (2 * per + 3) + sum(
-        1 for c in embed if c.params.get("op") == "open"
-    ) + len(bad_calls)
+    assert len(embed) == (len(names) + students_f) * (2 * per + 3) + len(names) * len(
+        cases.EMBED_POOLINGS
+    ) + sum(1 for c in embed if c.params.get("op") == "open") + len(bad_calls)
 
 
 def test_bitnet_spec_payloads_are_consistent():

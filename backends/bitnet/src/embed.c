@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn.h"
 #include "bitnet.h"
 #include "gguf.h"
 
@@ -50,8 +51,6 @@
 #define TOKEN_CHUNK 8         /* tokens per pass over a range of weight rows (dot_rows2x8's 8): 8 rows of int8
                                * activations (8 x 3072 bytes at most here) stay in L1 while the weight rows
                                * stream past; 64 went to L2 and was 9% slower on the 0.6B bench */
-#define ATT_BLOCK 4           /* queries that attend together (each key and value row read once for them);
-                               * every query's scores, softmax and sum are computed as if alone */
 #define ROW_TILE 64           /* weight rows whose integer dots are gathered before their epilogue */
 
 /* ---------------------------------------------------------------- model */
@@ -510,28 +509,6 @@ static float sum_squares(const float *v, int n) {
     return sum_squares(v, half) + sum_squares(v + half, n - half);
 }
 
-/* The same pairwise order for a plain sum (the softmax denominator). */
-static float pairwise_sum(const float *v, int n) {
-    if (n < 8) {
-        float r = 0;
-        for (int i = 0; i < n; i++) r += v[i];
-        return r;
-    }
-    if (n <= 128) {
-        float r[8];
-        int i = 8;
-        for (int j = 0; j < 8; j++) r[j] = v[j];
-        for (; i < n - n % 8; i += 8)
-            for (int j = 0; j < 8; j++) r[j] += v[i + j];
-        float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-        for (; i < n; i++) res += v[i];
-        return res;
-    }
-    int half = n / 2;
-    half -= half % 8;
-    return pairwise_sum(v, half) + pairwise_sum(v + half, n - half);
-}
-
 /* forward.py rmsnorm: out = (v * (1 / sqrt(mean(v^2) + eps))) * w, float32 (in place allowed),
  * the last step by the table's norm_mul */
 static void rmsnorm(const ml_embedder *e, float *out, const float *v, const float *w, int n) {
@@ -567,8 +544,8 @@ static void rope(float *x, int hd, const float *c, const float *s) {
 
 /* ---------------------------------------------------------------- scratch */
 typedef struct {
-    float *x, *h, *xin, *q, *k, *v, *att, *y, *g, *u, *scores, *cos0, *sin0, *cos1, *sin1;
-    float *kh, *vh;        /* k and v head-major for the attention: [kv head][token][hd] */
+    float *x, *h, *xin, *q, *k, *v, *att, *y, *g, *u, *cos0, *sin0, *cos1, *sin1;
+    float *kt, *vh; /* the attention's keys in transposed tiles (attn.h) and values head-major [kv head][token][hd] */
     int8_t *q8;
     float *ascale;
     int32_t *asum;
@@ -576,8 +553,8 @@ typedef struct {
 
 static void scratch_free(scratch *s) {
     free(s->x), free(s->h), free(s->xin), free(s->q), free(s->k), free(s->v), free(s->att), free(s->y);
-    free(s->kh), free(s->vh);
-    free(s->g), free(s->u), free(s->scores), free(s->cos0), free(s->sin0), free(s->cos1), free(s->sin1);
+    free(s->kt), free(s->vh);
+    free(s->g), free(s->u), free(s->cos0), free(s->sin0), free(s->cos1), free(s->sin1);
     free(s->q8), free(s->ascale), free(s->asum);
 }
 
@@ -606,12 +583,11 @@ static int scratch_new(const ml_embedder *e, int n, scratch *s) {
     s->att = alloc(ml_mul_size(N, qd, &ovf), sizeof(float), &ok);
     s->k = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
     s->v = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
-    s->kh = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
+    s->kt = alloc(ml_mul_size(i2s_att_tiles(n) * I2S_ATT_TILE, kvd, &ovf), sizeof(float), &ok);
     s->vh = alloc(ml_mul_size(N, kvd, &ovf), sizeof(float), &ok);
     s->y = alloc(ml_mul_size(N, D > F ? D : F, &ovf), sizeof(float), &ok);
     s->g = alloc(ml_mul_size(N, F, &ovf), sizeof(float), &ok);
     s->u = alloc(ml_mul_size(N, F, &ovf), sizeof(float), &ok);
-    s->scores = alloc(ml_mul_size(N, (size_t)e->n_heads * ATT_BLOCK, &ovf), sizeof(float), &ok);
     size_t rt = ml_mul_size(N, (size_t)e->hd / 2, &ovf);
     s->cos0 = alloc(rt, sizeof(float), &ok), s->sin0 = alloc(rt, sizeof(float), &ok);
     s->cos1 = alloc(rt, sizeof(float), &ok), s->sin1 = alloc(rt, sizeof(float), &ok);
@@ -742,94 +718,6 @@ static int linear(const ml_embedder *e, scratch *s, const float *x, const float 
     return ML_OK;
 }
 
-/* ---------------------------------------------------------------- attention */
-typedef struct {
-    const ml_embedder *e;
-    scratch *s;
-    int n, sliding;
-} attn_job;
-
-static int window_start(const attn_job *j, int i) {
-    int w = j->e->window;
-    return j->sliding && w > 0 && i - w + 1 > 0 ? i - w + 1 : 0;
-}
-
-/* o += p v_t (value row t of head h's KV head) */
-/* Token t's row of query head h's kv head in a head-major copy (kh, vh) */
-static const float *head_row(const attn_job *j, const float *hm, int64_t h, int t) {
-    const ml_embedder *e = j->e;
-    size_t kvh = (size_t)(h / (e->n_heads / e->n_kv));
-    return hm + (kvh * (size_t)j->n + (size_t)t) * (size_t)e->hd;
-}
-
-static void weigh(const attn_job *j, int64_t h, float p, int t, float *o) {
-    const ml_embedder *e = j->e;
-    e->k->axpy(e->hd, p, head_row(j, j->s->vh, h, t), o);
-}
-
-/* Queries [i0, i0 + m) of head h, m = ATT_BLOCK or the last 1..3 alone (m = 1 each). Query i sees
- * keys [window_start(i), i]; sc (m rows of n) holds its scores, then its softmax weights, 0 where
- * masked (exp(-inf) in the reference) so that the pairwise total is the reference's. */
-static void attend(const attn_job *j, int64_t h, int i0, int m, float *sc) {
-    const ml_embedder *e = j->e;
-    const scratch *s = j->s;
-    const i2s_kernel_table *k = e->k;
-    int n = j->n, hd = e->hd;
-    size_t qd = (size_t)e->n_heads * (size_t)hd;
-    const float *q[ATT_BLOCK];
-    float *o[ATT_BLOCK], tot[ATT_BLOCK];
-    int lo[ATT_BLOCK] = {0}; /* m >= 1 fills lo[0]; gcc -O1 cannot see it */
-    for (int u = 0; u < m; u++) {
-        q[u] = s->q + (size_t)(i0 + u) * qd + (size_t)h * (size_t)hd;
-        o[u] = s->att + (size_t)(i0 + u) * qd + (size_t)h * (size_t)hd;
-        lo[u] = window_start(j, i0 + u);
-    }
-    /* q . k: the table's dot_f32 order on every ISA; keys of the block's union, masked after */
-    int t_lo = lo[0], t_hi = i0 + m - 1;
-    if (m == ATT_BLOCK)
-        k->dot_f32x4(hd, t_hi - t_lo + 1, head_row(j, s->kh, h, t_lo), q, sc + t_lo, (size_t)n);
-    else
-        for (int t = t_lo; t <= t_hi; t++) sc[t] = k->dot_f32(hd, head_row(j, s->kh, h, t), q[0]);
-    for (int u = 0; u < m; u++)
-        for (int t = t_lo; t <= t_hi; t++) sc[(size_t)u * n + t] = sc[(size_t)u * n + t] * e->attn_scale;
-    for (int u = 0; u < m; u++) {
-        float *r = sc + (size_t)u * n, mx = -INFINITY;
-        int a = lo[u], b = i0 + u;
-        for (int t = a; t <= b; t++) mx = r[t] > mx ? r[t] : mx;
-        for (int t = 0; t < a; t++) r[t] = 0;
-        for (int t = a; t <= b; t++) r[t] = expf(r[t] - mx);
-        for (int t = b + 1; t < n; t++) r[t] = 0;
-        tot[u] = pairwise_sum(r, n);
-        for (int c = 0; c < hd; c++) o[u][c] = 0;
-    }
-    /* o = sum over t ascending of (w_t / total) v_t: each query's leading keys [lo, c_lo), the
-     * keys [c_lo, c_hi] every query of the block sees (axpy4; none when the window is shorter than
-     * the block), then each query's trailing keys */
-    int c_lo = m == ATT_BLOCK ? lo[m - 1] : n, c_hi = i0;
-    for (int u = 0; u < m; u++) {
-        int end = c_lo < i0 + u + 1 ? c_lo : i0 + u + 1;
-        for (int t = lo[u]; t < end; t++) weigh(j, h, sc[(size_t)u * n + t] / tot[u], t, o[u]);
-    }
-    if (c_lo <= c_hi) { /* the run's weights in place (no other loop reads them), then one call */
-        for (int u = 0; u < m; u++)
-            for (int t = c_lo; t <= c_hi; t++) sc[(size_t)u * n + t] = sc[(size_t)u * n + t] / tot[u];
-        k->axpy4(hd, c_hi - c_lo + 1, sc + c_lo, (size_t)n, head_row(j, s->vh, h, c_lo), o);
-    }
-    for (int u = 0; u < m; u++)
-        for (int t = c_hi + 1 > c_lo ? c_hi + 1 : c_lo; t <= i0 + u; t++)
-            weigh(j, h, sc[(size_t)u * n + t] / tot[u], t, o[u]);
-}
-
-static void attn_heads(void *arg, int64_t h0, int64_t h1) {
-    const attn_job *j = arg;
-    for (int64_t h = h0; h < h1; h++) {
-        float *sc = j->s->scores + (size_t)h * ATT_BLOCK * (size_t)j->n;
-        int i = 0;
-        for (; i + ATT_BLOCK <= j->n; i += ATT_BLOCK) attend(j, h, i, ATT_BLOCK, sc);
-        for (; i < j->n; i++) attend(j, h, i, 1, sc);
-    }
-}
-
 /* ---------------------------------------------------------------- the pass */
 /* g = act(g) * u over tokens [t0, t1) (SiLU, or Gemma's tanh GELU), split over the pool */
 typedef struct {
@@ -871,9 +759,9 @@ static void tok_stage(void *arg, int64_t t0, int64_t t1) {
         case ST_ATTN_NORM: /* the attention's input; the FFN's is ST_ATTN_OUT's last step */
             rmsnorm(e, s->h + t * D, s->x + t * D, Ly->attn_norm, e->dim);
             break;
-        case ST_QK: { /* q/k norms and RoPE, then k and v head-major for the attention: a token-major
-                       * row is kvd floats, at Qwen3's 1024 one 4 KiB page per key, and the
-                       * prefetchers do not cross pages */
+        case ST_QK: { /* q/k norms and RoPE, then the keys into the attention's transposed tiles and the
+                       * values head-major (attn.h): a token-major row is kvd floats, at Qwen3's 1024
+                       * one 4 KiB page per key, and the prefetchers do not cross pages */
             const float *c = (Ly->sliding ? s->cos1 : s->cos0) + t * (hd / 2);
             const float *sn = (Ly->sliding ? s->sin1 : s->sin0) + t * (hd / 2);
             for (int h = 0; h < nh; h++) {
@@ -886,7 +774,7 @@ static void tok_stage(void *arg, int64_t t0, int64_t t1) {
                 rmsnorm(e, k, k, Ly->k_norm, e->hd);
                 rope(k, e->hd, c, sn);
                 size_t src = (t * (size_t)nkv + (size_t)h) * hd, dst = ((size_t)h * N + t) * hd;
-                memcpy(s->kh + dst, s->k + src, hd * sizeof(float));
+                for (size_t d = 0; d < hd; d++) s->kt[i2s_att_kt_index(j->n, e->hd, h, (int)t, (int)d)] = k[d];
                 memcpy(s->vh + dst, s->v + src, hd * sizeof(float));
             }
             break;
@@ -917,8 +805,8 @@ static int layer_pass(const ml_embedder *e, scratch *s, const layer *Ly, int n) 
         (rc = linear(e, s, s->h, Ly->norm_in[P_V], &Ly->p[P_V], n, s->v)))
         return rc;
     tokens(e, s, Ly, n, ST_QK);
-    attn_job aj = {e, s, n, Ly->sliding};
-    ml_pool_run(e->pool, e->n_heads, attn_heads, &aj);
+    i2s_attn att = {e->k, n, e->hd, e->n_heads, e->n_kv, Ly->sliding ? e->window : 0, e->attn_scale, s->q, s->kt, s->vh, s->att};
+    i2s_attention(e->pool, &att);
     if ((rc = linear(e, s, s->att, Ly->norm_in[P_O], &Ly->p[P_O], n, s->y))) return rc;
     tokens(e, s, Ly, n, ST_ATTN_OUT);
     if ((rc = linear(e, s, s->h, Ly->norm_in[P_GATE], &Ly->p[P_GATE], n, s->g)) ||

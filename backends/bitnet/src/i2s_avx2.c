@@ -220,54 +220,6 @@ float i2s_avx2_dot_f32(int n, const float *w, const float *x) {
     return i2s_f32_dot_end(k, n, w, x, s);
 }
 
-/* One key, four queries, the leftover elements (n % 8) into their running sums by the twin's end. */
-static void dot_f32x4_key(int n, const float *w, const float *const x[4], float *out, size_t os) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
-    int k = 0;
-    for (; k + 8 <= n; k += 8) {
-        const __m256 wv = _mm256_loadu_ps(w + k);
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(wv, _mm256_loadu_ps(x0 + k)));
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(wv, _mm256_loadu_ps(x1 + k)));
-        a2 = _mm256_add_ps(a2, _mm256_mul_ps(wv, _mm256_loadu_ps(x2 + k)));
-        a3 = _mm256_add_ps(a3, _mm256_mul_ps(wv, _mm256_loadu_ps(x3 + k)));
-    }
-    float s[4][8];
-    _mm256_storeu_ps(s[0], a0);
-    _mm256_storeu_ps(s[1], a1);
-    _mm256_storeu_ps(s[2], a2);
-    _mm256_storeu_ps(s[3], a3);
-    for (int i = 0; i < 4; i++) out[(size_t)i * os] = i2s_f32_dot_end(k, n, w, x[i], s[i]);
-}
-
-/* Two keys against four queries at a time in eight named accumulators (gcc -O2 keeps an array
- * of them in memory, and every add then waits for a store to forward; with one key, four add
- * chains waited on each other's latency). Running sum j is lane j, so two hadd levels and the
- * halves' sum give ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) for all eight dots at once
- * (f32_tree_2x4): the twin's order. A width that is not a multiple of 8 goes key by key. */
-void i2s_avx2_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os) {
-    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
-    int t = 0;
-    for (; n % 8 == 0 && t + 2 <= nk; t += 2) {
-        const float *w0 = w + (size_t)t * (size_t)n, *w1 = w0 + n;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (int k = 0; k < n; k += 8) {
-            const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
-            __m256 q = _mm256_loadu_ps(x0 + k);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(v0, q)), b0 = _mm256_add_ps(b0, _mm256_mul_ps(v1, q));
-            q = _mm256_loadu_ps(x1 + k);
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(v0, q)), b1 = _mm256_add_ps(b1, _mm256_mul_ps(v1, q));
-            q = _mm256_loadu_ps(x2 + k);
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(v0, q)), b2 = _mm256_add_ps(b2, _mm256_mul_ps(v1, q));
-            q = _mm256_loadu_ps(x3 + k);
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(v0, q)), b3 = _mm256_add_ps(b3, _mm256_mul_ps(v1, q));
-        }
-        const __m256 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};
-        f32_tree_2x4(a, b, out + t, os);
-    }
-    for (; t < nk; t++) dot_f32x4_key(n, w + (size_t)t * (size_t)n, x, out + t, os);
-}
-
 /* The element-wise kernels: the header's one-element formulas eight lanes at a time, each step
  * the same IEEE operation (cvtdq2ps is (float) of an int32, maxps / minps are `x > c ? x : c` /
  * `x < c ? x : c`, floorps is floorf), the leftovers by the formulas themselves. */
@@ -290,60 +242,6 @@ void i2s_avx2_norm_mul(int n, const float *v, float r, const float *w, float *ou
     for (; k + 8 <= n; k += 8)
         _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(v + k), rv), _mm256_loadu_ps(w + k)));
     for (; k < n; k++) out[k] = i2s_norm1(v[k], r, w[k]);
-}
-
-void i2s_avx2_axpy(int n, float p, const float *x, float *y) {
-    const __m256 pv = _mm256_set1_ps(p);
-    int k = 0;
-    for (; k + 8 <= n; k += 8)
-        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_mul_ps(pv, _mm256_loadu_ps(x + k))));
-    for (; k < n; k++) y[k] = i2s_axpy1(y[k], p, x[k]);
-}
-
-/* 16 elements of the four y in 8 registers over the whole run of rows, then 8, then one by one:
- * each element still takes the rows in order (loading and storing y per row was a third of a
- * 512-token Gemma3 embedding's attention) */
-#define AXPY_STEP(acc, pi, xv) acc = _mm256_add_ps(acc, _mm256_mul_ps(pi, xv))
-void i2s_avx2_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]) {
-    float *y0 = y[0], *y1 = y[1], *y2 = y[2], *y3 = y[3];
-    const float *p0 = p, *p1 = p + ps, *p2 = p + 2 * ps, *p3 = p + 3 * ps;
-    int k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m256 a0 = _mm256_loadu_ps(y0 + k), b0 = _mm256_loadu_ps(y0 + k + 8);
-        __m256 a1 = _mm256_loadu_ps(y1 + k), b1 = _mm256_loadu_ps(y1 + k + 8);
-        __m256 a2 = _mm256_loadu_ps(y2 + k), b2 = _mm256_loadu_ps(y2 + k + 8);
-        __m256 a3 = _mm256_loadu_ps(y3 + k), b3 = _mm256_loadu_ps(y3 + k + 8);
-        for (int t = 0; t < nt; t++) {
-            const float *xt = x + (size_t)t * (size_t)n + k;
-            const __m256 x0 = _mm256_loadu_ps(xt), x1 = _mm256_loadu_ps(xt + 8);
-            __m256 q = _mm256_set1_ps(p0[t]);
-            AXPY_STEP(a0, q, x0), AXPY_STEP(b0, q, x1);
-            q = _mm256_set1_ps(p1[t]);
-            AXPY_STEP(a1, q, x0), AXPY_STEP(b1, q, x1);
-            q = _mm256_set1_ps(p2[t]);
-            AXPY_STEP(a2, q, x0), AXPY_STEP(b2, q, x1);
-            q = _mm256_set1_ps(p3[t]);
-            AXPY_STEP(a3, q, x0), AXPY_STEP(b3, q, x1);
-        }
-        _mm256_storeu_ps(y0 + k, a0), _mm256_storeu_ps(y0 + k + 8, b0);
-        _mm256_storeu_ps(y1 + k, a1), _mm256_storeu_ps(y1 + k + 8, b1);
-        _mm256_storeu_ps(y2 + k, a2), _mm256_storeu_ps(y2 + k + 8, b2);
-        _mm256_storeu_ps(y3 + k, a3), _mm256_storeu_ps(y3 + k + 8, b3);
-    }
-    for (; k + 8 <= n; k += 8) {
-        __m256 a0 = _mm256_loadu_ps(y0 + k), a1 = _mm256_loadu_ps(y1 + k);
-        __m256 a2 = _mm256_loadu_ps(y2 + k), a3 = _mm256_loadu_ps(y3 + k);
-        for (int t = 0; t < nt; t++) {
-            const __m256 xv = _mm256_loadu_ps(x + (size_t)t * (size_t)n + k);
-            AXPY_STEP(a0, _mm256_set1_ps(p0[t]), xv), AXPY_STEP(a1, _mm256_set1_ps(p1[t]), xv);
-            AXPY_STEP(a2, _mm256_set1_ps(p2[t]), xv), AXPY_STEP(a3, _mm256_set1_ps(p3[t]), xv);
-        }
-        _mm256_storeu_ps(y0 + k, a0), _mm256_storeu_ps(y1 + k, a1);
-        _mm256_storeu_ps(y2 + k, a2), _mm256_storeu_ps(y3 + k, a3);
-    }
-    for (; k < n; k++)
-        for (int t = 0; t < nt; t++)
-            for (int i = 0; i < 4; i++) y[i][k] = i2s_axpy1(y[i][k], p[(size_t)i * ps + (size_t)t], x[(size_t)t * (size_t)n + k]);
 }
 
 #define SET1 _mm256_set1_ps
@@ -383,6 +281,155 @@ void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u) {
     for (; k < n; k++) g[k] = i2s_act1(gelu, g[k], u[k]);
 }
 #undef SET1
+
+/* Attention (i2s_kernels.h att_*): the twin's fmaf is one vfmadd per lane. A register holds eight
+ * keys' (scores) or eight output elements' (values) running sums, and each query element or
+ * weight is broadcast. Register tiles of four rows x sixteen; the leftovers eight, then one at a
+ * time. Measured in place (Qwen3-0.6B's shape, 2048 tokens, AMD EPYC Zen 3, one thread): ~31 G
+ * multiply-adds/s against ~47 with every operand in L1; twelve accumulators instead of eight
+ * changed nothing, so the loads, not the FMA latency, bound it. */
+#define FMA _mm256_fmadd_ps
+#define BQ(r, d) _mm256_broadcast_ss((r) + (d))
+/* keys [j0, nk) of one query: eight at a time within their block, then one */
+static void scores1(int hd, const float *q, int j0, int nk, const float *kt, float scale, float *s) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    int j = j0;
+    for (; j + 8 <= nk && j % I2S_ATT_KB + 8 <= I2S_ATT_KB; j += 8) {
+        const float *k = kt + I2S_ATT_KT(hd, j, 0);
+        __m256 a = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d++, k += I2S_ATT_KB) a = FMA(BQ(q, d), _mm256_loadu_ps(k), a);
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(a, sc));
+    }
+    for (; j < nk; j++) {
+        float acc = 0.0f;
+        for (int d = 0; d < hd; d++) acc = fmaf(q[d], kt[I2S_ATT_KT(hd, j, d)], acc);
+        s[j] = acc * scale;
+    }
+}
+
+/* Sixteen keys (one block of kt: hd x 16 floats, contiguous) of four queries in named
+ * accumulators (gcc keeps an array of them in memory); the block stays in L1 while every group
+ * of four queries passes over it. */
+ALWAYS_INLINE void scores4x16(int hd, const float *q, size_t qs, const float *k, __m256 sc, float *s, size_t ss) {
+    const float *q0 = q + 0 * qs, *q1 = q + 1 * qs, *q2 = q + 2 * qs, *q3 = q + 3 * qs;
+    const __m256 z = _mm256_setzero_ps();
+    __m256 a0 = z, b0 = z, a1 = z, b1 = z, a2 = z, b2 = z, a3 = z, b3 = z, x;
+    for (int d = 0; d < hd; d++, k += I2S_ATT_KB) {
+        const __m256 k0 = _mm256_loadu_ps(k), k1 = _mm256_loadu_ps(k + 8);
+        x = BQ(q0, d), a0 = FMA(x, k0, a0), b0 = FMA(x, k1, b0);
+        x = BQ(q1, d), a1 = FMA(x, k0, a1), b1 = FMA(x, k1, b1);
+        x = BQ(q2, d), a2 = FMA(x, k0, a2), b2 = FMA(x, k1, b2);
+        x = BQ(q3, d), a3 = FMA(x, k0, a3), b3 = FMA(x, k1, b3);
+    }
+    _mm256_storeu_ps(s + 0 * ss, _mm256_mul_ps(a0, sc)), _mm256_storeu_ps(s + 0 * ss + 8, _mm256_mul_ps(b0, sc));
+    _mm256_storeu_ps(s + 1 * ss, _mm256_mul_ps(a1, sc)), _mm256_storeu_ps(s + 1 * ss + 8, _mm256_mul_ps(b1, sc));
+    _mm256_storeu_ps(s + 2 * ss, _mm256_mul_ps(a2, sc)), _mm256_storeu_ps(s + 2 * ss + 8, _mm256_mul_ps(b2, sc));
+    _mm256_storeu_ps(s + 3 * ss, _mm256_mul_ps(a3, sc)), _mm256_storeu_ps(s + 3 * ss + 8, _mm256_mul_ps(b3, sc));
+}
+
+void i2s_avx2_att_scores(int hd, int nq, const float *q, size_t qs, int nk, const float *kt, float scale, float *s,
+                         size_t ss) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    const int nk16 = nk - nk % 16, i4 = nq - nq % 4;
+    for (int j = 0; j < nk16; j += 16) {
+        const float *k = kt + I2S_ATT_KT(hd, j, 0);
+        for (int i = 0; i < i4; i += 4) scores4x16(hd, q + (size_t)i * qs, qs, k, sc, s + (size_t)i * ss + j, ss);
+    }
+    for (int i = 0; i < i4 && nk16 < nk; i++) scores1(hd, q + (size_t)i * qs, nk16, nk, kt, scale, s + (size_t)i * ss);
+    for (int i = i4; i < nq; i++) scores1(hd, q + (size_t)i * qs, 0, nk, kt, scale, s + (size_t)i * ss);
+}
+
+/* Rows one after another: first every row's max in lanes (exact in any order; masked lanes
+ * -inf), then every row's exps lane by lane, so that no row waits for its max's chain. */
+#define IN_RANGE(idx, lo, hi) _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(idx, lo), _mm256_cmpgt_epi32(hi, idx)))
+void i2s_avx2_att_softmax(int nq, int nk, const int *a, const int *b, float *s, size_t ss, float *m, float *l,
+                          float *alpha) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    float mt[I2S_ATT_MAX_ROWS];
+    for (int i = 0; i < nq; i++) {
+        const float *r = s + (size_t)i * ss;
+        const __m256i lo = _mm256_set1_epi32(a[i] - 1), hi = _mm256_set1_epi32(b[i]);
+        __m256 mx = _mm256_set1_ps(m[i]);
+        int j = 0;
+        for (; j + 8 <= nk; j += 8) {
+            const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(j));
+            mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(r + j), IN_RANGE(idx, lo, hi)));
+        }
+        mt[i] = i2s_att_max(j > a[i] ? j : a[i], b[i], r, hmax8(mx));
+    }
+    for (int i = 0; i < nq; i++) {
+        float *r = s + (size_t)i * ss;
+        const __m256i lo = _mm256_set1_epi32(a[i] - 1), hi = _mm256_set1_epi32(b[i]);
+        const __m256 mv = _mm256_set1_ps(mt[i]);
+        __m256 acc = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 8 <= nk; j += 8) {
+            const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(j));
+            const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(r + j), mv)), IN_RANGE(idx, lo, hi));
+            _mm256_storeu_ps(r + j, p);
+            acc = _mm256_add_ps(acc, p);
+        }
+        float sum[8];
+        _mm256_storeu_ps(sum, acc);
+        alpha[i] = i2s_att_alpha(m[i], mt[i]);
+        l[i] = l[i] * alpha[i] + i2s_att_softmax_tail(j, nk, a[i], b[i], r, mt[i], sum);
+        m[i] = mt[i];
+    }
+}
+#undef IN_RANGE
+
+/* Values: w output elements of one query (rows of hd), eight at a time, then one by one. */
+static void pv1(int w, size_t hd, int nk, const float *p, const float *v, float alpha, float *o) {
+    const __m256 al = _mm256_set1_ps(alpha);
+    int c = 0;
+    for (; c + 8 <= w; c += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(o + c), al);
+        for (int j = 0; j < nk; j++) a = FMA(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + (size_t)j * hd + c), a);
+        _mm256_storeu_ps(o + c, a);
+    }
+    for (; c < w; c++) {
+        float acc = o[c] * alpha;
+        for (int j = 0; j < nk; j++) acc = fmaf(p[j], v[(size_t)j * hd + (size_t)c], acc);
+        o[c] = acc;
+    }
+}
+
+/* Sixteen output elements of four queries over the tile's values, in named accumulators; the
+ * values' column block (nk x 64 bytes) stays in L1 while every group of queries passes over it. */
+ALWAYS_INLINE void pv4x16(int hd, int nk, const float *p, size_t ps, const float *v, const float *alpha, float *o, size_t os) {
+    const float *p0 = p + 0 * ps, *p1 = p + 1 * ps, *p2 = p + 2 * ps, *p3 = p + 3 * ps;
+    float *o0 = o + 0 * os, *o1 = o + 1 * os, *o2 = o + 2 * os, *o3 = o + 3 * os;
+    const __m256 l0 = _mm256_set1_ps(alpha[0]), l1 = _mm256_set1_ps(alpha[1]), l2 = _mm256_set1_ps(alpha[2]), l3 = _mm256_set1_ps(alpha[3]);
+    __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(o0), l0), b0 = _mm256_mul_ps(_mm256_loadu_ps(o0 + 8), l0);
+    __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(o1), l1), b1 = _mm256_mul_ps(_mm256_loadu_ps(o1 + 8), l1);
+    __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(o2), l2), b2 = _mm256_mul_ps(_mm256_loadu_ps(o2 + 8), l2);
+    __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(o3), l3), b3 = _mm256_mul_ps(_mm256_loadu_ps(o3 + 8), l3);
+    __m256 x;
+    for (int j = 0; j < nk; j++, v += hd) {
+        const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+        x = BQ(p0, j), a0 = FMA(x, v0, a0), b0 = FMA(x, v1, b0);
+        x = BQ(p1, j), a1 = FMA(x, v0, a1), b1 = FMA(x, v1, b1);
+        x = BQ(p2, j), a2 = FMA(x, v0, a2), b2 = FMA(x, v1, b2);
+        x = BQ(p3, j), a3 = FMA(x, v0, a3), b3 = FMA(x, v1, b3);
+    }
+    _mm256_storeu_ps(o0, a0), _mm256_storeu_ps(o0 + 8, b0);
+    _mm256_storeu_ps(o1, a1), _mm256_storeu_ps(o1 + 8, b1);
+    _mm256_storeu_ps(o2, a2), _mm256_storeu_ps(o2 + 8, b2);
+    _mm256_storeu_ps(o3, a3), _mm256_storeu_ps(o3 + 8, b3);
+}
+
+void i2s_avx2_att_pv(int hd, int nq, int nk, const float *p, size_t ps, const float *v, const float *alpha, float *o,
+                     size_t os) {
+    const int hd16 = hd - hd % 16, i4 = nq - nq % 4;
+    for (int c = 0; c < hd16; c += 16)
+        for (int i = 0; i < i4; i += 4) pv4x16(hd, nk, p + (size_t)i * ps, ps, v + c, alpha + i, o + (size_t)i * os + c, os);
+    for (int i = 0; i < i4 && hd16 < hd; i++)
+        pv1(hd - hd16, (size_t)hd, nk, p + (size_t)i * ps, v + hd16, alpha[i], o + (size_t)i * os + hd16);
+    for (int i = i4; i < nq; i++) pv1(hd, (size_t)hd, nk, p + (size_t)i * ps, v, alpha[i], o + (size_t)i * os);
+}
+#undef BQ
+#undef FMA
 
 const i2s_kernel_table i2s_kernels_avx2 = {
     .name = "avx2",

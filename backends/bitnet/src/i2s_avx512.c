@@ -5,8 +5,7 @@
  * As i2s_avxvnni.c, on 64 bytes: a block's 32 packed bytes are broadcast to both halves of a ZMM
  * register and shifted by (6, 4) and (2, 0) per half, so two 64-byte code vectors hold the codes
  * of elements 0..63 and 64..127 in element order, each against 64 consecutive activations. Exact
- * int32 sums in any order, as the twin's. Float kernels: AVX2's, but attention's dot_f32x4 and
- * axpy4 on 16 lanes (below).
+ * int32 sums in any order, as the twin's. Float kernels, attention's included: AVX2's.
  */
 #include <immintrin.h>
 
@@ -105,67 +104,6 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
     for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_epi32(a[r]);
 }
 
-/* ---------------------------------------------------------------- attention's float kernels
- * The table's one float order (i2s_kernels.h) on 16 lanes: lanes 0..7 of a ZMM register are one
- * key's (or one output element's) eight running sums, lanes 8..15 the next key's, so every lane
- * does the AVX2 table's operations in its order and gives its bits; twice the work per
- * instruction. AVX-512 F only (256-bit halves moved as f64x4). */
-ALWAYS_INLINE __m512 pair8(const float *a, const float *b) { /* a[0..7] | b[0..7] */
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(a))),
-                                               _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
-}
-
-ALWAYS_INLINE __m512 twice8(const float *a) { /* a[0..7] | a[0..7] */
-    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(a))));
-}
-
-ALWAYS_INLINE __m256 high8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
-
-/* Two keys against four queries per step in four registers; the tree as the AVX2 table's. */
-static void dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os) {
-    if (n % 8) { /* the leftover elements go into their running sums: AVX2's key-by-key path */
-        i2s_avx2_dot_f32x4(n, nk, w, x, out, os);
-        return;
-    }
-    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
-    int t = 0;
-    for (; t + 2 <= nk; t += 2) {
-        const float *w0 = w + (size_t)t * (size_t)n, *w1 = w0 + n;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int k = 0; k < n; k += 8) {
-            const __m512 v = pair8(w0 + k, w1 + k);
-            a0 = _mm512_add_ps(a0, _mm512_mul_ps(v, twice8(x0 + k)));
-            a1 = _mm512_add_ps(a1, _mm512_mul_ps(v, twice8(x1 + k)));
-            a2 = _mm512_add_ps(a2, _mm512_mul_ps(v, twice8(x2 + k)));
-            a3 = _mm512_add_ps(a3, _mm512_mul_ps(v, twice8(x3 + k)));
-        }
-        const __m256 lo[4] = {_mm512_castps512_ps256(a0), _mm512_castps512_ps256(a1), _mm512_castps512_ps256(a2),
-                              _mm512_castps512_ps256(a3)};
-        const __m256 hi[4] = {high8(a0), high8(a1), high8(a2), high8(a3)};
-        f32_tree_2x4(lo, hi, out + t, os);
-    }
-    if (t < nk) i2s_avx2_dot_f32x4(n, 1, w + (size_t)t * (size_t)n, x, out + t, os);
-}
-
-/* axpy4: 16 elements per register, each taking the rows in order (its only order); the last
- * n % 16 under a mask. */
-static void axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]) {
-    for (int k = 0; k < n; k += 16) {
-        const __mmask16 m = n - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - k)) - 1);
-        __m512 a0 = _mm512_maskz_loadu_ps(m, y[0] + k), a1 = _mm512_maskz_loadu_ps(m, y[1] + k);
-        __m512 a2 = _mm512_maskz_loadu_ps(m, y[2] + k), a3 = _mm512_maskz_loadu_ps(m, y[3] + k);
-        for (int t = 0; t < nt; t++) {
-            const __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)t * (size_t)n + k);
-            a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_set1_ps(p[t]), xv));
-            a1 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_set1_ps(p[ps + (size_t)t]), xv));
-            a2 = _mm512_add_ps(a2, _mm512_mul_ps(_mm512_set1_ps(p[2 * ps + (size_t)t]), xv));
-            a3 = _mm512_add_ps(a3, _mm512_mul_ps(_mm512_set1_ps(p[3 * ps + (size_t)t]), xv));
-        }
-        _mm512_mask_storeu_ps(y[0] + k, m, a0), _mm512_mask_storeu_ps(y[1] + k, m, a1);
-        _mm512_mask_storeu_ps(y[2] + k, m, a2), _mm512_mask_storeu_ps(y[3] + k, m, a3);
-    }
-}
-
 const i2s_kernel_table i2s_kernels_avx512 = {
     .name = "avx512",
     .dot = dot,
@@ -175,10 +113,10 @@ const i2s_kernel_table i2s_kernels_avx512 = {
     .quantize_act = i2s_avx2_quantize_act,
     .dot_f16 = i2s_avx2_dot_f16,
     .dot_f32 = i2s_avx2_dot_f32,
-    .dot_f32x4 = dot_f32x4,
     .epilogue = i2s_avx2_epilogue,
-    .axpy = i2s_avx2_axpy,
-    .axpy4 = axpy4,
     .act_mul = i2s_avx2_act_mul,
     .norm_mul = i2s_avx2_norm_mul,
+    .att_scores = i2s_avx2_att_scores, /* attention: AVX2's */
+    .att_softmax = i2s_avx2_att_softmax,
+    .att_pv = i2s_avx2_att_pv,
 };

@@ -50,19 +50,26 @@ typedef struct {
      * + ((s4 + s5) + (s6 + s7)). dot_f16 widens the f16 weights exactly first. */
     float (*dot_f16)(int n, const uint16_t *w, const float *x);
     float (*dot_f32)(int n, const float *w, const float *x);
-    /* out[i * os + t] = dot_f32(n, w + t * n, x[i]) for nk consecutive rows w_t (a run of keys) and
-     * four rows x[i] (queries), bit for bit: each key read once for the four queries. */
-    void (*dot_f32x4)(int n, int nk, const float *w, const float *const x[4], float *out, size_t os);
     /* Element-wise float kernels (the prefill's row loops), each element computed by the one
-     * formula below (i2s_epilogue, i2s_axpy1, i2s_act1, i2s_norm1), so every table gives the same
+     * formula below (i2s_epilogue, i2s_act1, i2s_norm1), so every table gives the same
      * bits:
      * y[k] = i2s_epilogue(sumi[k], act_sum, a, d): one token's epilogue over n weight rows; */
     void (*epilogue)(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
-    /* y[k] = y[k] + p * x[k] (attention's weighted sum of V rows); axpy4: four y against nt rows
-     * x_t = x + t * n (a run of V rows), for t = 0, 1, ... in order y[i] as axpy(n, p[i * ps + t],
-     * x_t, y[i]), so each y stays in registers over the run */
-    void (*axpy)(int n, float p, const float *x, float *y);
-    void (*axpy4)(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
+    /* Attention by tiles of keys (attn.c), each value by the one formula below on every ISA:
+     * att_scores: s[i * ss + j] = (acc = 0; acc = fmaf(q_i[d], k_j[d], acc) for d = 0 .. hd - 1;
+     * then acc * scale) for i < nq (q_i = q + i * qs) and j < nk; kt holds the tile's keys
+     * transposed in blocks of I2S_ATT_KB keys, k_j[d] at kt[I2S_ATT_KT(hd, j, d)]; */
+    void (*att_scores)(int hd, int nq, const float *q, size_t qs, int nk, const float *kt, float scale, float *s,
+                       size_t ss);
+    /* att_softmax: the online-softmax step of nq <= I2S_ATT_MAX_ROWS queries over one tile: row i
+     * of scores s + i * ss (nk of them, its keys [a[i], b[i]), the rest masked) becomes its weights
+     * p, and m[i], l[i], alpha[i] are as i2s_att_softmax_row (below) computes them. */
+    void (*att_softmax)(int nq, int nk, const int *a, const int *b, float *s, size_t ss, float *m, float *l,
+                        float *alpha);
+    /* att_pv: o_i[c] = o_i[c] * alpha[i], then o_i[c] = fmaf(p[i * ps + j], v[j * hd + c], o_i[c])
+     * for j = 0 .. nk - 1 in order, for i < nq (o_i = o + i * os) and c < hd. */
+    void (*att_pv)(int hd, int nq, int nk, const float *p, size_t ps, const float *v, const float *alpha, float *o,
+                   size_t os);
     /* g[k] = act(g[k]) * u[k], act SiLU (gelu 0) or the tanh GELU (gelu 1): the gated FFN. */
     void (*act_mul)(int gelu, int n, float *g, const float *u);
     /* out[k] = i2s_norm1(v[k], r, w[k]): RMSNorm's scaling by r = 1 / rms and the weight (out may
@@ -82,26 +89,32 @@ extern const i2s_kernel_table i2s_kernels_avx512;  /* + AVX-512 F/BW/VNNI: the i
 float i2s_avx2_quantize_act(const float *x, int n, int8_t *q, int32_t *sum);
 float i2s_avx2_dot_f16(int n, const uint16_t *w, const float *x);
 float i2s_avx2_dot_f32(int n, const float *w, const float *x);
-void i2s_avx2_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os);
-void i2s_avx2_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
 void i2s_avx2_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
-void i2s_avx2_axpy(int n, float p, const float *x, float *y);
 void i2s_avx2_act_mul(int gelu, int n, float *g, const float *u);
 void i2s_avx2_norm_mul(int n, const float *v, float r, const float *w, float *out);
+void i2s_avx2_att_scores(int hd, int nq, const float *q, size_t qs, int nk, const float *kt, float scale, float *s,
+                         size_t ss);
+void i2s_avx2_att_softmax(int nq, int nk, const int *a, const int *b, float *s, size_t ss, float *m, float *l,
+                          float *alpha);
+void i2s_avx2_att_pv(int hd, int nq, int nk, const float *p, size_t ps, const float *v, const float *alpha, float *o,
+                     size_t os);
 /* Their entries, written once for the AVX2 and AVX-VNNI tables, which add their integer dots (the
  * AVX-512 table lists its own: two of its float kernels are 16 lanes wide). */
 #define I2S_AVX2_FLOAT_OPS                                                                    \
     .quantize_act = i2s_avx2_quantize_act, .dot_f16 = i2s_avx2_dot_f16, .dot_f32 = i2s_avx2_dot_f32, \
-    .dot_f32x4 = i2s_avx2_dot_f32x4, .epilogue = i2s_avx2_epilogue, .axpy = i2s_avx2_axpy,      \
-    .axpy4 = i2s_avx2_axpy4, .act_mul = i2s_avx2_act_mul, .norm_mul = i2s_avx2_norm_mul
+    .epilogue = i2s_avx2_epilogue, .act_mul = i2s_avx2_act_mul, .norm_mul = i2s_avx2_norm_mul,   \
+    .att_scores = i2s_avx2_att_scores, .att_softmax = i2s_avx2_att_softmax, .att_pv = i2s_avx2_att_pv
 #endif
 /* the scalar twin's element-wise kernels (i2s_scalar.c), which NEON shares */
 void i2s_scalar_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, float d, float *y);
-void i2s_scalar_axpy(int n, float p, const float *x, float *y);
-void i2s_scalar_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]);
-void i2s_scalar_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os);
 void i2s_scalar_act_mul(int gelu, int n, float *g, const float *u);
 void i2s_scalar_norm_mul(int n, const float *v, float r, const float *w, float *out);
+void i2s_scalar_att_scores(int hd, int nq, const float *q, size_t qs, int nk, const float *kt, float scale, float *s,
+                           size_t ss);
+void i2s_scalar_att_softmax(int nq, int nk, const int *a, const int *b, float *s, size_t ss, float *m, float *l,
+                            float *alpha);
+void i2s_scalar_att_pv(int hd, int nq, int nk, const float *p, size_t ps, const float *v, const float *alpha, float *o,
+                       size_t os);
 #if defined(__aarch64__)
 extern const i2s_kernel_table i2s_kernels_neon;
 #endif
@@ -129,8 +142,6 @@ static inline float i2s_epilogue(int32_t sumi, int32_t act_sum, float a, float d
     s = s / a;
     return s * d;
 }
-
-static inline float i2s_axpy1(float y, float p, float x) { return y + p * x; }
 
 /* RMSNorm's last step (forward.py rmsnorm): (v * r) * w, two roundings. */
 static inline float i2s_norm1(float v, float r, float w) { return (v * r) * w; }
@@ -173,6 +184,40 @@ static inline float i2s_exp(float x) {
         float f;
     } two_n = {.u = (uint32_t)((int32_t)n + 127) << 23};
     return p * two_n.f;
+}
+
+/* One query's step of the online softmax over a tile (att_softmax), scores s[nk] with its keys
+ * [a, b): mt = the largest of m and s[a .. b); alpha = exp(m - mt) (0 while m is -inf: nothing
+ * seen yet); p[j] = exp(s[j] - mt) in [a, b), 0 outside; l = l * alpha + the sum of p[0 .. nk) in
+ * the float dots' order (element j into running sum j % 8, then the tree); m = mt. A tile with
+ * none of its keys leaves m, l (and, alpha being exactly 1, its output) unchanged, so a query's
+ * result does not depend on which other queries share its tiles. The SIMD tables take the max
+ * and the sum's order from the pieces below and compute the exps lane by lane. */
+#define I2S_ATT_MAX_ROWS 64 /* queries per att_softmax call */
+/* A tile's keys transposed in blocks of I2S_ATT_KB: block j / KB is hd rows of KB floats (element d
+ * of its keys), so that the scores of KB keys stream one contiguous hd x KB block. */
+#define I2S_ATT_KB 16
+#define I2S_ATT_KT(hd, j, d) (((size_t)(j) / I2S_ATT_KB * (size_t)(hd) + (size_t)(d)) * I2S_ATT_KB + (size_t)(j) % I2S_ATT_KB)
+static inline float i2s_att_softmax_tail(int j, int nk, int a, int b, float *s, float mt, float sum[8]) {
+    for (; j < nk; j++) {
+        s[j] = j >= a && j < b ? i2s_exp(s[j] - mt) : 0.0f;
+        sum[j % 8] += s[j];
+    }
+    return ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
+}
+
+static inline float i2s_att_max(int a, int b, const float *s, float m) {
+    for (int j = a; j < b; j++) m = s[j] > m ? s[j] : m;
+    return m;
+}
+
+static inline float i2s_att_alpha(float m, float mt) { return m == -INFINITY ? 0.0f : i2s_exp(m - mt); }
+
+static inline float i2s_att_softmax_row(int nk, int a, int b, float *s, float *m, float *l) {
+    float mt = i2s_att_max(a, b, s, *m), alpha = i2s_att_alpha(*m, mt), sum[8] = {0};
+    *l = *l * alpha + i2s_att_softmax_tail(0, nk, a, b, s, mt, sum);
+    *m = mt;
+    return alpha;
 }
 
 /* SiLU g / (1 + exp(-g)); the tanh GELU 0.5 g (1 + tanh(c (g + 0.044715 g^3))), c = sqrt(2/pi),

@@ -151,11 +151,6 @@ static float dot_f32(int n, const float *w, const float *x) {
     return i2s_f32_dot_end(k, n, w, x, s);
 }
 
-static void dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os) {
-    for (int t = 0; t < nk; t++)
-        for (int i = 0; i < 4; i++) out[(size_t)i * os + (size_t)t] = dot_f32(n, w + (size_t)t * (size_t)n, x[i]);
-}
-
 const i2s_kernel_table i2s_kernels_neon = {
     .name = "neon",
     .quantize_act = quantize_act,
@@ -164,10 +159,10 @@ const i2s_kernel_table i2s_kernels_neon = {
     .dot_rows4 = dot_rows4,
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
-    .dot_f32x4 = dot_f32x4,
-    .epilogue = i2s_scalar_epilogue, /* the element-wise kernels: the twin's */
-    .axpy = i2s_scalar_axpy,
-    .axpy4 = i2s_scalar_axpy4,
+    .epilogue = i2s_scalar_epilogue, /* the element-wise and attention kernels: the twin's */
     .act_mul = i2s_scalar_act_mul,
     .norm_mul = i2s_scalar_norm_mul,
+    .att_scores = i2s_scalar_att_scores,
+    .att_softmax = i2s_scalar_att_softmax,
+    .att_pv = i2s_scalar_att_pv,
 };

@@ -8,8 +8,10 @@
  * dot_f16 / dot_f32 (the table's comment): eight running sums, element k into sum k % 8, each
  * product rounded and then added, combined pairwise; f16 weights widened exactly (f16.c).
  *
- * epilogue / axpy / act_mul: the header's one-element formulas in a loop (NEON shares these);
- * dot_f32x4 / axpy4: the one-row kernels four times.
+ * epilogue / act_mul / norm_mul: the header's one-element formulas in a loop (NEON shares these).
+ *
+ * att_scores / att_softmax / att_pv (attention, attn.c): the header's definitions as loops; fmaf
+ * is the fused multiply-add (one rounding) every SIMD table performs with its FMA instruction.
  */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -78,18 +80,29 @@ void i2s_scalar_epilogue(int n, const int32_t *sumi, int32_t act_sum, float a, f
     for (int k = 0; k < n; k++) y[k] = i2s_epilogue(sumi[k], act_sum, a, d);
 }
 
-void i2s_scalar_axpy(int n, float p, const float *x, float *y) {
-    for (int k = 0; k < n; k++) y[k] = i2s_axpy1(y[k], p, x[k]);
+void i2s_scalar_att_scores(int hd, int nq, const float *q, size_t qs, int nk, const float *kt, float scale, float *s,
+                           size_t ss) {
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++) {
+            float acc = 0.0f;
+            for (int d = 0; d < hd; d++) acc = fmaf(q[(size_t)i * qs + (size_t)d], kt[I2S_ATT_KT(hd, j, d)], acc);
+            s[(size_t)i * ss + (size_t)j] = acc * scale;
+        }
 }
 
-void i2s_scalar_axpy4(int n, int nt, const float *p, size_t ps, const float *x, float *const y[4]) {
-    for (int t = 0; t < nt; t++)
-        for (int i = 0; i < 4; i++) i2s_scalar_axpy(n, p[(size_t)i * ps + (size_t)t], x + (size_t)t * (size_t)n, y[i]);
+void i2s_scalar_att_softmax(int nq, int nk, const int *a, const int *b, float *s, size_t ss, float *m, float *l,
+                            float *alpha) {
+    for (int i = 0; i < nq; i++) alpha[i] = i2s_att_softmax_row(nk, a[i], b[i], s + (size_t)i * ss, &m[i], &l[i]);
 }
 
-void i2s_scalar_dot_f32x4(int n, int nk, const float *w, const float *const x[4], float *out, size_t os) {
-    for (int t = 0; t < nk; t++)
-        for (int i = 0; i < 4; i++) out[(size_t)i * os + (size_t)t] = dot_f32(n, w + (size_t)t * (size_t)n, x[i]);
+void i2s_scalar_att_pv(int hd, int nq, int nk, const float *p, size_t ps, const float *v, const float *alpha, float *o,
+                       size_t os) {
+    for (int i = 0; i < nq; i++)
+        for (int c = 0; c < hd; c++) {
+            float acc = o[(size_t)i * os + (size_t)c] * alpha[i];
+            for (int j = 0; j < nk; j++) acc = fmaf(p[(size_t)i * ps + (size_t)j], v[(size_t)j * (size_t)hd + (size_t)c], acc);
+            o[(size_t)i * os + (size_t)c] = acc;
+        }
 }
 
 void i2s_scalar_norm_mul(int n, const float *v, float r, const float *w, float *out) {
@@ -109,10 +122,10 @@ const i2s_kernel_table i2s_kernels_scalar = {
     .dot_rows2x8 = dot_rows2x8,
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
-    .dot_f32x4 = i2s_scalar_dot_f32x4,
     .epilogue = i2s_scalar_epilogue,
-    .axpy = i2s_scalar_axpy,
-    .axpy4 = i2s_scalar_axpy4,
+    .att_scores = i2s_scalar_att_scores,
+    .att_softmax = i2s_scalar_att_softmax,
+    .att_pv = i2s_scalar_att_pv,
     .norm_mul = i2s_scalar_norm_mul,
     .act_mul = i2s_scalar_act_mul,
 };

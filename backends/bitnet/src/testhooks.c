@@ -13,12 +13,17 @@
  *                   left as it was (ML_E_UNSUPPORTED if the table has none);
  *   "dot_f16":      a = f16 bits w[n], b = float x[n]; out = float;
  *   "dot_f32":      a = float w[n], b = float x[n]; out = float.
- *   "dot_f32x4":    a = float w[n], b = float x[4][n]; out = float[4];
- *   "dot_f32x4_keys": a = float w[nk][n], b = {int32 nk, float x[4][n]}; out = float[4][nk];
  *   "epilogue":     a = int32 sumi[n], b = {int32 act_sum, float a, float d}; out = float y[n];
- *   "axpy":         a = float x[n], b = {float p, float y[n]}; out = float y[n] after y += p x;
- *   "axpy4":        a = float x[nt][n], b = {int32 nt, float p[4][nt], float y[4][n]}; out = float
- *                   y[4][n] after;
+ *   "att_scores":   n = hd; a = float kt (the tile's keys as I2S_ATT_KT lays them out, ceil(nk / 16)
+ *                   blocks), b = {int32 nq, int32 nk, float scale, float q[nq][hd]}; out = float
+ *                   s[nq][nk];
+ *   "att_softmax":  n = nk; a = float s[nq][nk], b = {int32 nq, int32 a[nq], int32 b[nq], float
+ *                   m[nq], float l[nq]}; out = {float p[nq][nk], m[nq], l[nq], alpha[nq]};
+ *   "att_pv":       n = hd; a = float v[nk][hd], b = {int32 nq, int32 nk, float p[nq][nk], float
+ *                   alpha[nq], float o[nq][hd]}; out = float o[nq][hd] after;
+ *   "attention":    n tokens; a = float q[n][nh][hd], b = {int32 hd, nh, nkv, window, float scale,
+ *                   float k[n][nkv][hd], float v[n][nkv][hd]}; out = float o[n][nh][hd]
+ *                   (i2s_attention on one thread);
  *   "silu_mul", "gelu_mul": a = float g[n], b = float u[n]; out = float act(g) * u [n];
  *   "norm_mul":     a = float v[n], b = {float r, float w[n]}; out = float (v * r) * w [n],
  *                   computed in place (out holds v first);
@@ -27,8 +32,10 @@
  * op) or ML_E_UNSUPPORTED (ISA not built or not runnable on this CPU). The ISA in use (ml_isa) is
  * not changed.
  */
+#include <stdlib.h>
 #include <string.h>
 
+#include "attn.h"
 #include "bitnet.h"
 
 ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const void *a, const void *b, void *out);
@@ -69,34 +76,58 @@ ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const vo
         t->norm_mul(n, out, r, (const float *)b + 1, out);
         return ML_OK;
     }
-    if (strcmp(op, "axpy") == 0) {
-        float p;
-        memcpy(&p, b, 4);
-        memcpy(out, (const float *)b + 1, sizeof(float) * (size_t)n);
-        t->axpy(n, p, a, out);
+    if (strcmp(op, "att_scores") == 0 || strcmp(op, "att_pv") == 0 || strcmp(op, "att_softmax") == 0) {
+        int32_t h[2];
+        memcpy(h, b, sizeof h);
+        const float *f = (const float *)b + 2;
+        if (strcmp(op, "att_scores") == 0) { /* h = {nq, nk} */
+            if (h[0] < 0 || h[1] < 0) return ML_E_ARG;
+            t->att_scores(n, h[0], f + 1, (size_t)n, h[1], a, f[0], out, (size_t)h[1]);
+        } else if (strcmp(op, "att_pv") == 0) { /* h = {nq, nk} */
+            if (h[0] < 0 || h[1] < 0) return ML_E_ARG;
+            const float *pw = f, *alpha = pw + (size_t)h[0] * (size_t)h[1];
+            memcpy(out, alpha + h[0], sizeof(float) * (size_t)h[0] * (size_t)n);
+            t->att_pv(n, h[0], h[1], pw, (size_t)h[1], a, alpha, out, (size_t)n);
+        } else { /* softmax: b = {nq, a[nq], b[nq], m[nq], l[nq]} */
+            const int32_t nq = h[0], *ab = (const int32_t *)b + 1;
+            if (nq < 0 || nq > I2S_ATT_MAX_ROWS) return ML_E_ARG;
+            int lo[I2S_ATT_MAX_ROWS], hi[I2S_ATT_MAX_ROWS];
+            for (int i = 0; i < nq; i++) {
+                lo[i] = ab[i], hi[i] = ab[nq + i];
+                if (lo[i] < 0 || hi[i] < lo[i] || hi[i] > n) return ML_E_ARG;
+            }
+            float *pw = out, *m = pw + (size_t)nq * (size_t)n, *l = m + nq;
+            memcpy(pw, a, sizeof(float) * (size_t)nq * (size_t)n);
+            memcpy(m, ab + 2 * nq, sizeof(float) * 2 * (size_t)nq);
+            t->att_softmax(nq, n, lo, hi, pw, (size_t)n, m, l, l + nq);
+        }
         return ML_OK;
     }
-    if (strcmp(op, "dot_f32x4") == 0) {
-        const float *x = b, *xs[4] = {x, x + n, x + 2 * (size_t)n, x + 3 * (size_t)n};
-        t->dot_f32x4(n, 1, a, xs, out, 1);
-        return ML_OK;
-    }
-    if (strcmp(op, "dot_f32x4_keys") == 0) {
-        int32_t nk;
-        memcpy(&nk, b, sizeof nk);
-        if (nk < 0) return ML_E_ARG;
-        const float *x = (const float *)b + 1, *xs[4] = {x, x + n, x + 2 * (size_t)n, x + 3 * (size_t)n};
-        t->dot_f32x4(n, nk, a, xs, out, (size_t)nk);
-        return ML_OK;
-    }
-    if (strcmp(op, "axpy4") == 0) {
-        int32_t nt;
-        memcpy(&nt, b, sizeof nt);
-        if (nt < 0) return ML_E_ARG;
-        const float *p = (const float *)b + 1;
-        float *y = out, *ys[4] = {y, y + n, y + 2 * (size_t)n, y + 3 * (size_t)n};
-        memcpy(out, p + 4 * (size_t)nt, 4 * sizeof(float) * (size_t)n);
-        t->axpy4(n, nt, p, (size_t)nt, a, ys);
+    if (strcmp(op, "attention") == 0) {
+        int32_t h[4];
+        memcpy(h, b, sizeof h);
+        const int hd = h[0], nh = h[1], nkv = h[2];
+        if (hd < 1 || nh < 1 || nkv < 1 || nh % nkv || h[3] < 0) return ML_E_ARG;
+        float scale;
+        memcpy(&scale, (const int32_t *)b + 4, sizeof scale);
+        const size_t kvd = (size_t)nkv * (size_t)hd;
+        const float *k = (const float *)b + 5, *v = k + (size_t)n * kvd;
+        float *kt = malloc(sizeof(float) * i2s_att_tiles(n) * I2S_ATT_TILE * kvd);
+        float *vh = malloc(sizeof(float) * (size_t)n * kvd);
+        if (!kt || !vh) {
+            free(kt), free(vh);
+            return ML_E_NOMEM;
+        }
+        for (int tk = 0; tk < n; tk++)
+            for (int kh = 0; kh < nkv; kh++)
+                for (int d = 0; d < hd; d++) {
+                    size_t src = (size_t)tk * kvd + (size_t)kh * (size_t)hd + (size_t)d;
+                    kt[i2s_att_kt_index(n, hd, kh, tk, d)] = k[src];
+                    vh[((size_t)kh * (size_t)n + (size_t)tk) * (size_t)hd + (size_t)d] = v[src];
+                }
+        i2s_attn att = {t, n, hd, nh, nkv, h[3], scale, a, kt, vh, out};
+        i2s_attention(NULL, &att);
+        free(kt), free(vh);
         return ML_OK;
     }
     if (strcmp(op, "silu_mul") == 0 || strcmp(op, "gelu_mul") == 0) {

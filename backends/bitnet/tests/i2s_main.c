@@ -143,21 +143,38 @@ static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
         (*checks) += 2;
         if (memcmp(&f0, &f1, 4) && bad++ < 10) fprintf(stderr, "%s dot_f16 n %d: %a vs %a\n", t->name, n, f0, f1);
         if (memcmp(&g0, &g1, 4) && bad++ < 10) fprintf(stderr, "%s dot_f32 n %d: %a vs %a\n", t->name, n, g0, g1);
-        {   /* one key row against four query rows (x and three reversals of wf's pieces) */
-            static float q4[3][MAXN];
-            for (int k = 0; k < n; k++) q4[0][k] = wf[n - 1 - k], q4[1][k] = -x[k], q4[2][k] = x[k] * 0.5f;
-            const float *xq[4] = {x, q4[0], q4[1], q4[2]};
-            float o0[4], o1[4];
-            s->dot_f32x4(n, 1, wf, xq, o0, 1);
-            t->dot_f32x4(n, 1, wf, xq, o1, 1);
-            for (int u = 0; u < 4; u++) {
-                float want = s->dot_f32(n, wf, xq[u]);
-                (*checks)++;
-                if ((memcmp(&o0[u], &want, 4) || memcmp(&o1[u], &want, 4)) && bad++ < 10)
-                    fprintf(stderr, "%s dot_f32x4 n %d row %d: %a %a vs %a\n", t->name, n, u, o0[u], o1[u], want);
+        {   /* attention's kernels on one tile: scores, the online-softmax step, the weighted values */
+            enum { AQ = 16, AK = 64, AD = 136 };
+            static float q[AQ * AD], kt[AK * AD], v[AK * AD], sc0[AQ * AK], sc1[AQ * AK], o0[AQ * AD], o1[AQ * AD];
+            int nq = (int)(rnd() % AQ) + 1, nk = (int)(rnd() % AK) + 1, hd = (int)(rnd() % AD) + 1;
+            for (int k = 0; k < AQ * AD; k++) q[k] = ldexpf(unit() * 2.0f - 1.0f, (int)(rnd() % 12) - 6);
+            for (int k = 0; k < AK * AD; k++)
+                kt[k] = ldexpf(unit() * 2.0f - 1.0f, (int)(rnd() % 12) - 6), v[k] = unit() * 2.0f - 1.0f;
+            float scale = 1.0f / sqrtf((float)hd);
+            s->att_scores(hd, nq, q, AD, nk, kt, scale, sc0, AK);
+            t->att_scores(hd, nq, q, AD, nk, kt, scale, sc1, AK);
+            (*checks)++;
+            if (memcmp(sc0, sc1, sizeof sc0) && bad++ < 10) fprintf(stderr, "%s att_scores hd %d nq %d nk %d\n", t->name, hd, nq, nk);
+            int lo[AQ], hi[AQ];
+            float m0[AQ], m1[AQ], l0[AQ], l1[AQ], al0[AQ], al1[AQ];
+            for (int i = 0; i < nq; i++) {
+                lo[i] = (int)(rnd() % (uint64_t)(nk + 1)), hi[i] = lo[i] + (int)(rnd() % (uint64_t)(nk - lo[i] + 1));
+                m0[i] = m1[i] = i % 2 ? -INFINITY : sc0[i * AK] - 1.0f, l0[i] = l1[i] = i % 2 ? 0.0f : 2.0f;
             }
+            s->att_softmax(nq, nk, lo, hi, sc0, AK, m0, l0, al0);
+            t->att_softmax(nq, nk, lo, hi, sc1, AK, m1, l1, al1);
+            (*checks)++;
+            if ((memcmp(sc0, sc1, sizeof sc0) || memcmp(m0, m1, sizeof(float) * (size_t)nq) ||
+                 memcmp(l0, l1, sizeof(float) * (size_t)nq) || memcmp(al0, al1, sizeof(float) * (size_t)nq)) &&
+                bad++ < 10)
+                fprintf(stderr, "%s att_softmax nq %d nk %d\n", t->name, nq, nk);
+            for (int k = 0; k < AQ * AD; k++) o0[k] = o1[k] = unit();
+            s->att_pv(hd, nq, nk, sc0, AK, v, al0, o0, AD);
+            t->att_pv(hd, nq, nk, sc0, AK, v, al0, o1, AD);
+            (*checks)++;
+            if (memcmp(o0, o1, sizeof o0) && bad++ < 10) fprintf(stderr, "%s att_pv hd %d nq %d nk %d\n", t->name, hd, nq, nk);
         }
-        /* element-wise kernels (epilogue, axpy, act_mul): integer sums of any size, activations
+        /* element-wise kernels (epilogue, act_mul): integer sums of any size, activations
          * from tiny to past exp's clamp, both signs, the same bits as the twin's formulas */
         static int32_t si[MAXN];
         static float y0[MAXN], y1[MAXN], u[MAXN];
@@ -172,29 +189,6 @@ static long selftest(const i2s_kernel_table *t, int rounds, long *checks) {
         t->epilogue(n, si, ss, sa, sd, y1);
         (*checks)++;
         if (memcmp(y0, y1, sizeof(float) * (size_t)n) && bad++ < 10) fprintf(stderr, "%s epilogue n %d\n", t->name, n);
-        memcpy(y0, u, sizeof(float) * (size_t)n);
-        memcpy(y1, u, sizeof(float) * (size_t)n);
-        s->axpy(n, sa, x, y0);
-        t->axpy(n, sa, x, y1);
-        (*checks)++;
-        if (memcmp(y0, y1, sizeof(float) * (size_t)n) && bad++ < 10) fprintf(stderr, "%s axpy n %d\n", t->name, n);
-        {   /* four (p, y) against one x: each row as the one-row axpy */
-            static float ya[4][MAXN], yb[4][MAXN], yc[MAXN];
-            const float p4[4] = {sa, -sd, sd * 3.0f, -1.0f};
-            float *pa[4] = {ya[0], ya[1], ya[2], ya[3]}, *pb[4] = {yb[0], yb[1], yb[2], yb[3]};
-            for (int r4 = 0; r4 < 4; r4++)
-                for (int k = 0; k < n; k++) ya[r4][k] = yb[r4][k] = u[(k + 17 * r4) % n];
-            s->axpy4(n, 1, p4, 1, x, pa);
-            t->axpy4(n, 1, p4, 1, x, pb);
-            int differ = 0;
-            for (int r4 = 0; r4 < 4; r4++) {
-                for (int k = 0; k < n; k++) yc[k] = u[(k + 17 * r4) % n];
-                s->axpy(n, p4[r4], x, yc);
-                differ |= memcmp(ya[r4], yc, sizeof(float) * (size_t)n) || memcmp(yb[r4], yc, sizeof(float) * (size_t)n);
-            }
-            (*checks)++;
-            if (differ && bad++ < 10) fprintf(stderr, "%s axpy4 n %d\n", t->name, n);
-        }
         for (int gelu = 0; gelu < 2; gelu++) {
             memcpy(y0, x, sizeof(float) * (size_t)n);
             memcpy(y1, x, sizeof(float) * (size_t)n);
