@@ -236,8 +236,8 @@ def test_long_sequences_agree(lib, models, flavor, outtype):
 
 @pytest.mark.parametrize("window", [1, 2, 3, 5])
 def test_short_sliding_windows_match_reference(lib, tmp_path, window):
-    """Gemma sliding windows shorter than, and just past, the 4 queries that attend together
-    (embed.c ATT_BLOCK): every query keeps exactly its own keys, in order."""
+    """Gemma sliding windows shorter than the query tile (attn.h I2S_ATT_QTILE), so that a tile's
+    queries see different keys: every query keeps exactly its own keys."""
     ck = bitnet_models.build("gemma3_text", tmp_path / "ckpt", seed=5, pooling="mean", sliding_window=window)
     path = tmp_path / "m.gguf"
     convert(ck, path, "f32")
