@@ -17,7 +17,7 @@ runnable on this machine is compared:
   dot of the row as stored, for token counts around each table's tile;
 - scores_f32 / wsum_f32 (attention's q.k and weighted sum of the values): bit-identical to the
   scalar twin, and near float64, for key counts and head widths around the 8-wide steps;
-- softmax_f32 and its exp (ml_exp_le0, a polynomial): bit-identical to the scalar twin with
+- softmax_step_f32 and its exp (ml_exp_le0, a polynomial): bit-identical to the scalar twin with
   NaN and infinities among the scores, within 1 ulp of exp and near the float64 softmax.
 NEON is checked by cross-compiling tests/neon_main.c with the kernel sources (aarch64-linux-gnu-gcc
 -static) and running it under qemu-aarch64 with and without the dot-product extension; the pool
@@ -608,8 +608,9 @@ def test_gemm8_equals_single_row_dots(kern, isa):
                         assert got[t, r].tobytes() == want.tobytes(), tag
 
 
-def _attn(kern, isa, op, nk, hd, stride, a, kv):
-    out = np.zeros(max(nk if op != "wsum_f32" else hd, 1), np.float32)
+def _attn(kern, isa, op, nk, hd, stride, a, kv, out: int | None = None):
+    size = out if out is not None else nk if op != "wsum_f32" else hd
+    out = np.zeros(max(size, 1), np.float32)
     f, c = kern.ffi.from_buffer, kern.ffi.cast
     rc = kern.lib.mlrt_test_attn(
         isa.encode(),
@@ -622,11 +623,12 @@ def _attn(kern, isa, op, nk, hd, stride, a, kv):
         c("float *", f(out)),
     )
     assert rc == ML_OK, f"mlrt_test_attn {isa} {op}: status {rc}"
-    return out[: nk if op != "wsum_f32" else hd]
+    return out[:size]
 
 
 def test_attention_kernels_equal_the_scalar_twin(kern, isa):
-    """scores_f32 (8 keys at a time on x86) and wsum_f32 (64 outputs at a time) give the scalar
+    """scores_f32 (8 keys at a time on x86) and wsum_f32 (64 outputs at a time, the output rescaled
+    by alpha first: the online softmax's step) give the scalar
     twin's bits for key counts and head widths around their steps, keys strided as in the KV cache;
     both stay near the float64 result (a wrong order would move bits, a wrong key or lane far more)."""
     rng = np.random.default_rng(19)
@@ -637,9 +639,10 @@ def test_attention_kernels_equal_the_scalar_twin(kern, isa):
             kv = rng.standard_normal(max(nk, 1) * stride).astype(np.float32)
             w = rng.uniform(0, 1, max(nk, 1)).astype(np.float32)
             keys = kv[: nk * stride].reshape(nk, stride)[:, :hd].astype(np.float64)
+            alpha, o0 = np.float32(rng.uniform(0, 1)), rng.standard_normal(hd).astype(np.float32)
             for op, a, exact in (
                 ("scores_f32", q, keys @ q.astype(np.float64)),
-                ("wsum_f32", w, w[:nk].astype(np.float64) @ keys),
+                ("wsum_f32", np.concatenate([[alpha], o0, w]).astype(np.float32), alpha * o0 + w[:nk] @ keys),
             ):
                 got = _attn(kern, isa, op, nk, hd, stride, a, kv)
                 want = _attn(kern, "scalar", op, nk, hd, stride, a, kv)
@@ -668,25 +671,34 @@ def test_exp_le0_is_within_one_ulp_of_exp(kern):
     assert np.isnan(got[np.isnan(x)]).all() and np.all(got[x == 0] == 1.0)
 
 
-def test_softmax_equals_the_scalar_twin(kern, isa):
-    """softmax_f32 (8 lanes on x86) gives the scalar twin's bits around the 8-wide steps and with
-    NaN, +-inf, -0 and huge scores (the max skips NaN on both), and stays near the float64 softmax."""
+def test_softmax_step_equals_the_scalar_twin(kern, isa):
+    """softmax_step_f32 (8 lanes on x86: one online-softmax step of the tiled attention) gives the
+    scalar twin's bits around the 8-wide steps, with NaN, +-inf, -0 and huge scores (the max skips
+    NaN on both), from no keys seen (m = -inf) or a running max below or above the tile's; and it
+    is the float64 step: weights exp(x - mt), l = l alpha + sum, alpha = exp(m - mt)."""
     rng = np.random.default_rng(29)
-    for n in (0, 1, 7, 8, 9, 16, 23, 65, 512, 1031):
+    for n in (0, 1, 7, 8, 9, 16, 23, 64, 65, 512, 1031):
         for scale, what in ((0.125, "normal"), (1.0, "wide"), (0.125, "special")):
             x = (rng.standard_normal(n) * (30 if what == "wide" else 3)).astype(np.float32)
             if what == "special" and n:
                 spots = rng.integers(0, n, 4)
                 x[spots] = np.float32([np.nan, -np.inf, -0.0, 3e38])[: len(spots)]
-            sc, buf = np.float32([scale]), np.concatenate([x, np.zeros(1, np.float32)])
-            got = _attn(kern, isa, "softmax_f32", n, 0, 0, buf, sc)
-            want = _attn(kern, "scalar", "softmax_f32", n, 0, 0, buf, sc)
-            tag = f"{isa} softmax n={n} {what}"
-            assert got.tobytes() == want.tobytes(), tag
-            if what != "special" and n:
-                z = x.astype(np.float64) * scale
-                e = np.exp(z - z.max())
-                np.testing.assert_allclose(got, e / e.sum(), rtol=2e-6, atol=1e-12, err_msg=tag)
+            for m0, l0 in ((-np.inf, 0.0), (-1.0, 2.5), (9.0, 7.0)):
+                kv = np.float32([scale, m0, l0])
+                buf = np.concatenate([x, np.zeros(3, np.float32)])
+                got = _attn(kern, isa, "softmax_step_f32", n, 0, 0, buf, kv, out=n + 3)
+                want = _attn(kern, "scalar", "softmax_step_f32", n, 0, 0, buf, kv, out=n + 3)
+                tag = f"{isa} softmax step n={n} {what} m={m0}"
+                assert got.tobytes() == want.tobytes(), tag
+                if what != "special" and n:
+                    z = x.astype(np.float64) * scale
+                    mt = max(m0, z.max())
+                    alpha = 0.0 if m0 == -np.inf else np.exp(m0 - mt)
+                    e = np.exp(z - mt)
+                    np.testing.assert_allclose(got[:n], e, rtol=2e-6, atol=1e-30, err_msg=tag)
+                    np.testing.assert_allclose(
+                        got[n:], [mt, l0 * alpha + e.sum(), alpha], rtol=2e-6, atol=1e-30, err_msg=tag
+                    )
 
 
 def test_gemm8_refuses_rows_not_in_groups(kern):

@@ -320,6 +320,18 @@ static void matmul(struct ml_model *m, fstate *s, float *out, const ml_matrix *w
 }
 
 /* ------------------------------------------------------------------ attention */
+/* Tiled (flash-attention style): a unit is one query head and a tile of ATT_QT consecutive
+ * queries of the chunk. It walks the key tiles of ATT_KT positions (multiples of ATT_KT from 0)
+ * that its queries see; for each tile and query: the scores (scores_f32), scaled and capped, one
+ * online-softmax step (running max m and sum l; the earlier output and sum rescaled by alpha =
+ * exp(m_old - m)), and the tile's weighted values (wsum_f32) added to the rescaled output. At the
+ * end each output row is divided by its l. The key tile stays in L1 while the unit's queries
+ * pass over it: before, each query read its keys from L2 on its own. A query's operations depend
+ * on its position and the tile grid only, so one token at a time still equals a batch and every
+ * thread count gives the same bits. */
+#define ATT_KT 64 /* keys per tile */
+#define ATT_QT 16 /* queries per unit */
+
 typedef struct {
     const struct ml_model *m;
     fstate *s;
@@ -329,41 +341,59 @@ typedef struct {
     int64_t slices; /* attn_slices: at most n_heads (the rows of s->att) */
 } attn_job;
 
-/* One query: token t's head h (scores, softmax, weighted sum of the values), att its scratch row. */
-static void attend(const attn_job *j, int64_t h, int t, float *att) {
+static int first_key(const attn_job *j, int p) { return j->window && p >= j->window ? p - j->window + 1 : 0; }
+
+/* One query's step over keys [a, a + nk) of a tile: sc its scores (they become the weights), mq
+ * and lq its running max and sum; its output row is rescaled and the tile's values added. */
+static void attend_tile(const attn_job *j, int64_t h, int t, int a, int nk, float *sc, float *mq, float *lq) {
     const struct ml_model *m = j->m;
-    int hd = m->head_dim, qd = m->q_dim, kvd = m->kv_dim;
-    int group = (int)(m->h.n_heads / m->h.n_kv_heads);
     const ml_kernel_table *k = ml_kernels();
+    int hd = m->head_dim, qd = m->q_dim, kvd = m->kv_dim, group = (int)(m->h.n_heads / m->h.n_kv_heads);
     const float *keys = j->L->k + (h / group) * hd, *vals = j->L->v + (h / group) * hd;
-    int p = j->pos + t;
-    int start = j->window && p >= j->window ? p - j->window + 1 : 0; /* p - i < window */
-    int nk = p - start + 1;
-    k->scores_f32(j->s->q + (size_t)t * qd + h * hd, keys + (size_t)start * kvd, (size_t)kvd, nk, hd, att);
+    k->scores_f32(j->s->q + (size_t)t * qd + h * hd, keys + (size_t)a * kvd, (size_t)kvd, nk, hd, sc);
     float scale = j->scale;
-    if (j->cap) { /* the scale, then the cap; the softmax's scale is then 1 (exact) */
-        for (int i = 0; i < nk; i++) att[i] = softcap(att[i] * scale, j->cap);
+    if (j->cap) { /* the scale, then the cap; the step's scale is then 1 (exact) */
+        for (int i = 0; i < nk; i++) sc[i] = softcap(sc[i] * scale, j->cap);
         scale = 1.0f;
     }
-    k->softmax_f32(att, nk, scale);
-    k->wsum_f32(att, vals + (size_t)start * kvd, (size_t)kvd, nk, hd, j->s->o + (size_t)t * qd + h * hd);
+    float alpha = k->softmax_step_f32(sc, nk, scale, mq, lq);
+    k->wsum_f32(sc, vals + (size_t)a * kvd, (size_t)kvd, nk, hd, alpha, j->s->o + (size_t)t * qd + h * hd);
 }
 
-/* Slices s0..s1 of the chunk's queries. The queries are units (head h, pair i: tokens i and
- * n - 1 - i, whose key counts add up to the same for every i), head-major; slice s is the s-th of
- * j->slices contiguous runs of them, with att row s its scratch. So the threads get equal work
- * (9 heads over 2 threads were 5 against 4), a head's keys stay in cache along a run, and no two
- * slices share a row, whatever thread runs them. */
+/* Queries [t0, t0 + nq) of head h, key tile by key tile; scratch: ATT_KT floats */
+static void attend(const attn_job *j, int64_t h, int t0, int nq, float *scratch) {
+    const struct ml_model *m = j->m;
+    int hd = m->head_dim, qd = m->q_dim;
+    float mq[ATT_QT], lq[ATT_QT];
+    for (int i = 0; i < nq; i++) {
+        mq[i] = -INFINITY, lq[i] = 0.0f;
+        memset(j->s->o + (size_t)(t0 + i) * qd + h * hd, 0, (size_t)hd * sizeof(float));
+    }
+    int last = j->pos + t0 + nq - 1;
+    for (int j0 = first_key(j, j->pos + t0) / ATT_KT * ATT_KT; j0 <= last; j0 += ATT_KT)
+        for (int i = 0; i < nq; i++) {
+            int p = j->pos + t0 + i, a = first_key(j, p), e = p + 1;
+            a = a > j0 ? a : j0;
+            e = e < j0 + ATT_KT ? e : j0 + ATT_KT;
+            if (a < e) attend_tile(j, h, t0 + i, a, e - a, scratch, &mq[i], &lq[i]);
+        }
+    for (int i = 0; i < nq; i++) {
+        float *o = j->s->o + (size_t)(t0 + i) * qd + h * hd;
+        for (int d = 0; d < hd; d++) o[d] = o[d] / lq[i];
+    }
+}
+
+/* Slices s0..s1 of the units (head h, query tile u), head-major; slice s is the s-th of
+ * j->slices contiguous runs of them with att row s its scratch, so no two slices share a row,
+ * whatever thread runs them, and the threads get about equal work. */
 static void attn_slices(void *arg, int64_t s0, int64_t s1) {
     const attn_job *j = arg;
-    int64_t pairs = (j->n + 1) / 2, units = j->m->h.n_heads * pairs;
+    int64_t tiles = (j->n + ATT_QT - 1) / ATT_QT, units = j->m->h.n_heads * tiles;
     for (int64_t sl = s0; sl < s1; sl++) {
-        float *att = j->s->att + sl * j->m->ctx;
+        float *scratch = j->s->att + sl * ATT_KT;
         for (int64_t u = units * sl / j->slices; u < units * (sl + 1) / j->slices; u++) {
-            int64_t h = u / pairs;
-            int i = (int)(u % pairs);
-            attend(j, h, i, att);
-            if (j->n - 1 - i != i) attend(j, h, j->n - 1 - i, att);
+            int t0 = (int)(u % tiles) * ATT_QT;
+            attend(j, u / tiles, t0, j->n - t0 < ATT_QT ? j->n - t0 : ATT_QT, scratch);
         }
     }
 }
@@ -688,7 +718,7 @@ int ml_forward_init(struct ml_model *m) {
     s->hb2 = alloc(ml_mul_size(B, hid, &ovf), sizeof(float), &ok, &s->bytes);
     s->beta = alloc(ml_mul_size(B, V, &ovf), sizeof(float), &ok, &s->bytes);
     s->g = alloc(ml_mul_size(B, V, &ovf), sizeof(float), &ok, &s->bytes);
-    s->att = alloc(ml_mul_size(h->n_heads, ctx, &ovf), sizeof(float), &ok, &s->bytes);
+    s->att = alloc(ml_mul_size(h->n_heads, ATT_KT, &ovf), sizeof(float), &ok, &s->bytes);
     s->xq = alloc(ml_mul_size(B, in_cols, &ovf), 1, &ok, &s->bytes);
     s->xd = alloc(ml_mul_size(B, in_cols / QK, &ovf), sizeof(float), &ok, &s->bytes);
     s->xs = alloc(ml_mul_size(B, in_cols / QK, &ovf), sizeof(int32_t), &ok, &s->bytes);

@@ -253,6 +253,6 @@ const ml_kernel_table NEON_TABLE = {
     .dot4_q4_0 = dot4_q4_0,
     .scores_f32 = ml_scores_f32_scalar,
     .wsum_f32 = ml_wsum_f32_scalar,
-    .softmax_f32 = ml_softmax_f32_scalar,
+    .softmax_step_f32 = ml_softmax_step_f32_scalar,
     .q4_0_search = q4_0_search,
 };

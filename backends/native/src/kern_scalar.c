@@ -223,13 +223,13 @@ void ml_scores_f32_scalar(const float *q, const float *k, size_t stride, int nk,
     for (int i = 0; i < nk; i++) out[i] = dot_f32(q, k + (size_t)i * stride, hd);
 }
 
-void ml_wsum_f32_scalar(const float *a, const float *v, size_t stride, int nk, int hd, float *o) {
-    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+void ml_wsum_f32_scalar(const float *a, const float *v, size_t stride, int nk, int hd, float alpha, float *o) {
+    for (int d = 0; d < hd; d++) o[d] = o[d] * alpha;
     for (int i = 0; i < nk; i++)
         for (int d = 0; d < hd; d++) o[d] += a[i] * v[(size_t)i * stride + d];
 }
 
-/* exp(x) for x <= 0 (softmax_f32's, kernels.h): n = rint(x log2 e), r = (x - n C1) - n C2 with
+/* exp(x) for x <= 0 (softmax_step_f32's, kernels.h): n = rint(x log2 e), r = (x - n C1) - n C2 with
  * C1 + C2 = ln 2 (C1 short, so n C1 is exact: Cody-Waite), Cephes' degree-6 polynomial for e^r
  * in Horner order, then y 2^n; 0 below -87 (2^n would leave the normal range), NaN for NaN. Every
  * operation rounded on its own, so the x86 tables' eight lanes give these bits. */
@@ -252,21 +252,23 @@ float ml_exp_le0(float x) {
     return y * two_n.f;
 }
 
-void ml_softmax_f32_scalar(float *x, int n, float scale) {
-    float m = -INFINITY;
+float ml_softmax_step_f32_scalar(float *x, int n, float scale, float *m, float *l) {
+    float mt = *m;
     for (int i = 0; i < n; i++) {
         x[i] = x[i] * scale;
-        if (x[i] > m) m = x[i];
+        if (x[i] > mt) mt = x[i];
     }
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float alpha = *m == -INFINITY ? 0.0f : ml_exp_le0(*m - mt), s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int n8 = n - n % 8;
     for (int i = 0; i < n; i++) {
-        x[i] = ml_exp_le0(x[i] - m);
+        x[i] = ml_exp_le0(x[i] - mt);
         if (i < n8) s[i % 8] += x[i];
     }
     float sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
     for (int i = n8; i < n; i++) sum += x[i];
-    for (int i = 0; i < n; i++) x[i] = x[i] / sum;
+    *l = *l * alpha + sum;
+    *m = mt;
+    return alpha;
 }
 
 const float ml_q4_0_candidates[13] = {-6.0f, -6.2f, -6.4f, -6.6f, -6.8f, -7.0f, -7.2f,
@@ -317,6 +319,6 @@ const ml_kernel_table ml_kernels_scalar = {
     .gemm8_q4_0 = gemm8_q4_0,
     .scores_f32 = ml_scores_f32_scalar,
     .wsum_f32 = ml_wsum_f32_scalar,
-    .softmax_f32 = ml_softmax_f32_scalar,
+    .softmax_step_f32 = ml_softmax_step_f32_scalar,
     .q4_0_search = ml_q4_0_search_scalar,
 };

@@ -612,13 +612,15 @@ static void scores_f32(const float *q, const float *k, size_t stride, int nk, in
 }
 
 /* kernels.h wsum_f32: 64 outputs at a time in 8 accumulators (8 independent add chains over the
- * keys), then 8 at a time, then one by one; every element added in key order from 0. */
-static void wsum_f32(const float *a, const float *v, size_t stride, int nk, int hd, float *o) {
+ * keys), then 8 at a time, then one by one; every element o * alpha first, then added in key
+ * order from 0. */
+static void wsum_f32(const float *a, const float *v, size_t stride, int nk, int hd, float alpha, float *o) {
+    const __m256 al = _mm256_set1_ps(alpha);
     int d = 0;
     for (; d + 64 <= hd; d += 64) {
         __m256 acc[8];
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + d + 8 * c), al);
         for (int i = 0; i < nk; i++) {
             __m256 av = _mm256_set1_ps(a[i]);
             const float *vr = v + (size_t)i * stride + d;
@@ -629,19 +631,19 @@ static void wsum_f32(const float *a, const float *v, size_t stride, int nk, int 
         for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, acc[c]);
     }
     for (; d + 8 <= hd; d += 8) {
-        __m256 acc = _mm256_setzero_ps();
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(o + d), al);
         for (int i = 0; i < nk; i++)
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(a[i]), _mm256_loadu_ps(v + (size_t)i * stride + d)));
         _mm256_storeu_ps(o + d, acc);
     }
     for (; d < hd; d++) {
-        float t = 0.0f;
+        float t = o[d] * alpha;
         for (int i = 0; i < nk; i++) t += a[i] * v[(size_t)i * stride + d];
         o[d] = t;
     }
 }
 
-/* kernels.h softmax_f32: ml_exp_le0's operations on 8 lanes (the same constants and order, rint
+/* kernels.h softmax_step_f32: ml_exp_le0's operations on 8 lanes (the same constants and order, rint
  * as round-to-nearest-even, 2^n from the exponent bits), the running sums of 8 lanes, the tail
  * through the twin's scalar exp. The largest value: _mm256_max_ps(v, m) returns m when v is NaN,
  * as the twin's `if (v > m)` skips it, and the lanes' maxima combine exactly. */
@@ -665,22 +667,22 @@ static __m256 exp_le0_8(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-static void softmax_f32(float *x, int n, float scale) {
+static float softmax_step_f32(float *x, int n, float scale, float *m, float *l) {
     int n8 = n - n % 8, i = 0;
-    __m256 sv = _mm256_set1_ps(scale), mv = _mm256_set1_ps(-INFINITY);
+    __m256 sv = _mm256_set1_ps(scale), mv = _mm256_set1_ps(*m);
     for (; i < n8; i += 8) {
         __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
         _mm256_storeu_ps(x + i, v);
         mv = _mm256_max_ps(v, mv);
     }
-    float lanes[8], m = -INFINITY;
+    float lanes[8], mt = *m;
     _mm256_storeu_ps(lanes, mv);
-    for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
+    for (int j = 0; j < 8; j++) mt = lanes[j] > mt ? lanes[j] : mt;
     for (; i < n; i++) {
         x[i] = x[i] * scale;
-        if (x[i] > m) m = x[i];
+        if (x[i] > mt) mt = x[i];
     }
-    __m256 mm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    __m256 mm = _mm256_set1_ps(mt), acc = _mm256_setzero_ps();
     for (i = 0; i < n8; i += 8) {
         __m256 e = exp_le0_8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mm));
         _mm256_storeu_ps(x + i, e);
@@ -689,12 +691,13 @@ static void softmax_f32(float *x, int n, float scale) {
     _mm256_storeu_ps(lanes, acc);
     float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     for (; i < n; i++) {
-        x[i] = ml_exp_le0(x[i] - m);
+        x[i] = ml_exp_le0(x[i] - mt);
         sum += x[i];
     }
-    __m256 tv = _mm256_set1_ps(sum);
-    for (i = 0; i < n8; i += 8) _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), tv));
-    for (; i < n; i++) x[i] = x[i] / sum;
+    float alpha = *m == -INFINITY ? 0.0f : ml_exp_le0(*m - mt);
+    *l = *l * alpha + sum;
+    *m = mt;
+    return alpha;
 }
 
 /* The Q4_0 search on 8 blocks at once, block b in lane b, the scalar twin's operations in its
@@ -756,4 +759,4 @@ static void q4_0_search(int nb, const float *xs, const float *w, const float *xm
     {.name = isa, .quantize_q8_0 = quantize_q8_0, .isums_q8_0 = isums_q8_0, .isums_q4_0 = isums_q4_0, \
      .dot_q8_0 = dot_q8_0, .dot_q4_0 = dot_q4_0, .dot4_q8_0 = dot4_q8_0, .dot4_q4_0 = dot4_q4_0,      \
      .gemm8_q8_0 = gemm8_q8_0, .gemm8_q4_0 = gemm8_q4_0, .scores_f32 = scores_f32, .wsum_f32 = wsum_f32,  \
-     .softmax_f32 = softmax_f32, .q4_0_search = q4_0_search}
+     .softmax_step_f32 = softmax_step_f32, .q4_0_search = q4_0_search}

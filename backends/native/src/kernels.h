@@ -47,15 +47,17 @@ typedef struct {
     /* Attention's float kernels (forward.c), one order on every ISA. scores_f32: out[i] = q . k_i
      * for the nk keys k_i = k + i * stride of hd floats: 8 running sums s_j over d = j (mod 8)
      * (each product rounded, then added), then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)),
-     * then the last hd % 8 terms in order. wsum_f32: o[d] = sum_i a[i] * v_i[d], v_i = v + i *
-     * stride, added in key order from 0 (each product rounded, then added). */
+     * then the last hd % 8 terms in order. wsum_f32: o[d] = o[d] * alpha + sum_i a[i] * v_i[d],
+     * v_i = v + i * stride: o[d] * alpha first, then the products added in key order from 0 (each
+     * product rounded, then added). */
     void (*scores_f32)(const float *q, const float *k, size_t stride, int nk, int hd, float *out);
-    void (*wsum_f32)(const float *a, const float *v, size_t stride, int nk, int hd, float *o);
-    /* softmax_f32: x[i] = e_i / sum with x[i] scaled (x[i] * scale), m the largest non-NaN x[i]
-     * (-inf if none), e_i = ml_exp_le0(x[i] - m); sum: 8 running sums s_j over i = j (mod 8) for
-     * i < n - n % 8, then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then the last n % 8
-     * in order; each e_i / sum rounded on its own. */
-    void (*softmax_f32)(float *x, int n, float scale);
+    void (*wsum_f32)(const float *a, const float *v, size_t stride, int nk, int hd, float alpha, float *o);
+    /* softmax_step_f32: one step of the online softmax (forward.c's tiled attention) over a tile's
+     * n scores x: x[i] scaled (x[i] * scale), mt the largest of *m and the non-NaN x[i], alpha =
+     * ml_exp_le0(*m - mt) (0 while *m is -inf), e_i = ml_exp_le0(x[i] - mt) into x[i]; sum: 8
+     * running sums s_j over i = j (mod 8) for i < n - n % 8, then ((s0 + s1) + (s2 + s3)) + ((s4 +
+     * s5) + (s6 + s7)), then the last n % 8 in order; *l = *l * alpha + sum, *m = mt; returns alpha. */
+    float (*softmax_step_f32)(float *x, int n, float scale, float *m, float *l);
     /* The Q4_0 search of nb prepared blocks (q4_0.c): xs, w (nb * 32, block-major) the values
      * and their weights, xmax[b] the value that maps to each candidate level. For each of the 13
      * candidates c (specs/quant.yaml, in order), per block, in float32: iscale = c / xmax,
@@ -87,10 +89,10 @@ extern const float ml_q4_0_candidates[13];
 void ml_q4_0_search_scalar(int nb, const float *xs, const float *w, const float *xmax, float *d, float *err,
                            int8_t *l);
 
-/* The scalar twins of scores_f32, wsum_f32 and softmax_f32, which the NEON tables use as they are. */
+/* The scalar twins of scores_f32, wsum_f32 and softmax_step_f32, which the NEON tables use as they are. */
 void ml_scores_f32_scalar(const float *q, const float *k, size_t stride, int nk, int hd, float *out);
-void ml_wsum_f32_scalar(const float *a, const float *v, size_t stride, int nk, int hd, float *o);
-void ml_softmax_f32_scalar(float *x, int n, float scale);
+void ml_wsum_f32_scalar(const float *a, const float *v, size_t stride, int nk, int hd, float alpha, float *o);
+float ml_softmax_step_f32_scalar(float *x, int n, float scale, float *m, float *l);
 /* exp(x) for x <= 0 or NaN, a polynomial every table computes the same way (kern_scalar.c). */
 float ml_exp_le0(float x);
 

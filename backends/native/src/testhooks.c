@@ -115,8 +115,10 @@ ML_API int mlrt_test_gemm8(const char *isa, int fmt, int rows, int cols, int nt,
 
 /* int mlrt_test_attn(isa, op, nk, hd, stride, a, kv, out): attention's float kernels:
  *   "scores_f32": a = q[hd], kv = nk keys every stride floats; out = float[nk];
- *   "wsum_f32":   a = weights[nk], kv = nk values every stride floats; out = float[hd];
- *   "softmax_f32": a = scores[nk], kv = the scale (one float); out = float[nk] (hd, stride unused);
+ *   "wsum_f32":   a = {alpha, o[hd], weights[nk]}, kv = nk values every stride floats; out = float[hd]:
+ *                 o * alpha plus the weighted values;
+ *   "softmax_step_f32": a = scores[nk], kv = {scale, m, l}; out = float[nk + 3]: the weights, then
+ *                 m, l and alpha after the step (hd, stride unused);
  *   "exp":        a = x[nk]; out = ml_exp_le0 of each (isa, kv, hd, stride unused).
  * Returns ML_OK, ML_E_ARG or ML_E_UNSUPPORTED. */
 ML_API int mlrt_test_attn(const char *isa, const char *op, int nk, int hd, size_t stride, const float *a,
@@ -128,10 +130,14 @@ ML_API int mlrt_test_attn(const char *isa, const char *op, int nk, int hd, size_
     const ml_kernel_table *t = ml_kernels_named(isa);
     if (t == NULL) return ML_E_UNSUPPORTED;
     if (strcmp(op, "scores_f32") == 0) t->scores_f32(a, kv, stride, nk, hd, out);
-    else if (strcmp(op, "wsum_f32") == 0) t->wsum_f32(a, kv, stride, nk, hd, out);
-    else if (strcmp(op, "softmax_f32") == 0) {
+    else if (strcmp(op, "wsum_f32") == 0) {
+        memcpy(out, a + 1, (size_t)hd * sizeof *out);
+        t->wsum_f32(a + 1 + hd, kv, stride, nk, hd, a[0], out);
+    }
+    else if (strcmp(op, "softmax_step_f32") == 0) {
         memcpy(out, a, (size_t)nk * sizeof *out);
-        t->softmax_f32(out, nk, kv[0]);
+        out[nk] = kv[1], out[nk + 1] = kv[2];
+        out[nk + 2] = t->softmax_step_f32(out, nk, kv[0], &out[nk], &out[nk + 1]);
     } else if (strcmp(op, "exp") == 0)
         for (int i = 0; i < nk; i++) out[i] = ml_exp_le0(a[i]);
     else return ML_E_ARG;
