@@ -335,6 +335,22 @@ def _forward_cases(target: specs.Version | None = None) -> list[Case]:
                 None,
             )
         )
+        # the whole context (the goldens' tokens repeated to max_seq): past a 64-key tile and in
+        # more than one prefill chunk, so that a tiled attention's rescaling between key tiles and
+        # a chunked prefill's reuse of the cache are exercised
+        long = np.resize(g["tokens"], layout.parse_header(head)["max_seq"]).astype(np.int32)
+        out.append(
+            Case(
+                f"forward/{name}/long_vs_reference",
+                "forward",
+                "forward",
+                f"tolerances.yaml#logits_runtime_vs_reference (golden/logits/{name}, {long.size} tokens: "
+                "the whole context)",
+                "toleranced",
+                {**params, "tokens": long},
+                None,
+            )
+        )
     return out
 
 
