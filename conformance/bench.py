@@ -722,14 +722,25 @@ def llama_cpp_version() -> str | None:
     return str(getattr(llama_cpp, "__version__", "?"))
 
 
-def _llama(gguf_path: str | Path, n_ctx: int, n_batch: int, threads: int, logits_all: bool):
+def _llama(
+    gguf_path: str | Path,
+    n_ctx: int,
+    n_batch: int,
+    threads: int,
+    logits_all: bool,
+    n_ubatch: int | None = None,
+    flash_attn: bool = False,
+):
+    """A llama-cpp-python Llama of ``gguf_path`` (n_ubatch: n_batch unless given; flash_attn:
+    LLAMA_FLASH_ATTN_TYPE_ENABLED or _DISABLED)."""
     import llama_cpp
 
     return llama_cpp.Llama(
         model_path=str(gguf_path),
         n_ctx=n_ctx,
         n_batch=n_batch,
-        n_ubatch=n_batch,
+        n_ubatch=n_batch if n_ubatch is None else n_ubatch,
+        flash_attn=flash_attn,
         n_threads=threads,
         n_threads_batch=threads,
         logits_all=logits_all,
@@ -915,15 +926,43 @@ BITNET_SHAPES: dict[str, tuple[str, dict]] = {
         ),
     ),
 }
-# seed 004 section 7: llama-bench -p 128,256,512,1024,2048
-PREFILL_SEQS = (128, 256, 512, 1024, 2048)
+# bitnet.cpp's published grid (BITNET_PUBLISHED): llama-bench -p 128,256,512,1024,2048,4096
+PREFILL_SEQS = (128, 256, 512, 1024, 2048, 4096)
+# runs of each engine per prompt length (the median; up to this length: this many). One run of
+# every engine at every point of the grid (both shapes, 1 and 2 threads) takes about an hour on 2
+# cores: a pass of the six engines over the Gemma3-270M shape on 2 threads took 9.5 s at 512
+# tokens and 46.5 s at 2048 (the bitnet F16 teacher 40% of it), the 0.6B shape has 4.4 times its
+# projection work and more attention, and 1 thread takes twice as long. So only the short lengths
+# run more than once
+PREFILL_REPEATS = ((256, 3), (512, 2), (4096, 1))
+# bitnet.cpp's published prefill tokens/s (microsoft/BitNet docs/bitnet-embeddings-i2s-guide.md:
+# llama-bench on an Intel Xeon Platinum 8573C, 8 threads), the F16 teacher and the I2_S student on
+# bitnet.cpp's llama.cpp: shape -> (the guide's label, {format: {prompt length: tokens/s}}). Its
+# ratios (2.28x, ...) are I2_S over F16 of these figures.
+BITNET_PUBLISHED_HOST = "Intel Xeon Platinum 8573C, 8 threads"
+BITNET_PUBLISHED: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
+    "Qwen3-0.6B": (
+        "0.6B (Qwen3)",
+        {
+            "F16": dict(zip(PREFILL_SEQS, (382.15, 373.95, 371.86, 341.55, 298.21, 236.76), strict=1)),
+            "I2_S": dict(zip(PREFILL_SEQS, (870.90, 827.75, 716.27, 620.58, 481.14, 336.32), strict=1)),
+        },
+    ),
+    "Gemma3-270M": (
+        "270M (Gemma3)",
+        {
+            "F16": dict(zip(PREFILL_SEQS, (1212.68, 1221.28, 1394.99, 1265.22, 1024.47, 785.54), strict=1)),
+            "I2_S": dict(zip(PREFILL_SEQS, (2019.59, 2119.50, 2181.23, 2086.46, 1471.60, 1033.46), strict=1)),
+        },
+    ),
+}
 # 4096 x 4096: issue 6's shape (every format of it fits this machine's 32 MB L3); 11008 x 4096:
 # Q8_0 (48 MB) no longer fits, I2_S (11 MB) does.
 I2S_MATVEC_SHAPES = ((4096, 4096), (11008, 4096))
 
 
 def _bitnet_lib():
-    """The built bitnet library, opened in this process (ABI + mlbitnet_bench_matvec)."""
+    """The built bitnet library, opened in this process (ABI + mlbitnet_bench_*)."""
     import cffi
 
     from mlconf.backends.bitnet import LIBRARY
@@ -934,9 +973,78 @@ def _bitnet_lib():
     ffi = cffi.FFI()
     ffi.cdef(
         abi.CDEF + "double mlbitnet_bench_matvec(const char *isa, int rows, int cols, int threads, "
-        "int iters, int cold);"
+        "int iters, int cold); double mlbitnet_bench_int8_peak(const char *isa, int threads, int iters); "
+        "double mlbitnet_bench_f32_peak(const char *isa, int threads, int iters);"
     )
     return ffi, ffi.dlopen(str(LIBRARY))
+
+
+def prefill_threads() -> tuple[int, ...]:
+    """The prefill grid's thread counts: 1, 2 and every core this process may run on, once each."""
+    import os
+
+    return tuple(sorted({1, 2, len(os.sched_getaffinity(0))}))
+
+
+# rounds of the peak loops (12 instructions each) per thread and run: ~10-30 ms per run
+PEAK_ITERS = 1 << 21
+# what each ISA's peak loop runs (backends/bitnet/src/bench.c), by kind
+PEAK_LOOPS = {
+    "int8": {
+        "avx2": "vpmaddubsw + vpaddw, 256-bit",
+        "avxvnni": "vpdpbusd (VEX), 256-bit",
+        "avx512": "vpdpbusd (EVEX), 512-bit",
+    },
+    "f32": {"avx2": "vfmadd231ps, 8 lanes", "avx512": "vfmadd231ps, 16 lanes"},
+}
+
+
+def arithmetic_peaks(threads: tuple[int, ...] = (1, 2), iters: int = PEAK_ITERS) -> list[dict]:
+    """The machine's multiply-accumulate peaks (mlbitnet_bench_int8_peak / _f32_peak: twelve
+    independent chains per thread, the best of three runs), one row per kind (int8: u8 x s8
+    products; f32: FMA lanes), ISA runnable here and thread count, in GMAC/s."""
+    _, lib = _bitnet_lib()
+    fns = {"int8": lib.mlbitnet_bench_int8_peak, "f32": lib.mlbitnet_bench_f32_peak}
+    rows = []
+    for kind, loops in PEAK_LOOPS.items():
+        for isa, loop in loops.items():
+            for th in threads:
+                macs = fns[kind](isa.encode(), th, iters)
+                if macs < 0:
+                    break  # not runnable here
+                rows.append({"peak": kind, "isa": isa, "loop": loop, "threads": th, "GMAC_s": macs / 1e9})
+    return rows
+
+
+def best_peaks(rows: list[dict]) -> dict[tuple[str, int], float]:
+    """(kind, threads) -> the highest GMAC/s of arithmetic_peaks' rows: the machine's peak."""
+    out: dict[tuple[str, int], float] = {}
+    for r in rows:
+        key = (r["peak"], r["threads"])
+        out[key] = max(out.get(key, 0.0), r["GMAC_s"])
+    return out
+
+
+def prefill_repeat(seq: int) -> int:
+    """Runs of each engine at prompt length ``seq`` (PREFILL_REPEATS; 1 beyond its last length)."""
+    return next((n for upto, n in PREFILL_REPEATS if seq <= upto), 1)
+
+
+def causal_keys(seq: int, window: int | None = None) -> int:
+    """Keys summed over the queries 0..seq-1 of causal attention, query i seeing min(i + 1, window)
+    keys (all i + 1 without a window)."""
+    w = seq if not window else min(window, seq)
+    return w * (w + 1) // 2 + (seq - w) * w
+
+
+def attention_macs(config: dict, seq: int) -> int:
+    """Multiply-adds of a prefill's attention (a BITNET_SHAPES config): per layer and query head,
+    QK^T and PV take head_dim each per key a query sees (causal_keys; Gemma 3's sliding layers,
+    layer_types, see at most sliding_window keys, its global ones all)."""
+    n_layers, window = config["num_hidden_layers"], config.get("sliding_window")
+    types = config.get("layer_types") or ("full_attention",) * n_layers
+    per_key = 2 * config["num_attention_heads"] * config["head_dim"]
+    return sum(per_key * causal_keys(seq, window if t == "sliding_attention" else None) for t in types)
 
 
 def bitnet_matvec_bench(
@@ -982,11 +1090,16 @@ def bitnet_matvec_bench(
     return bws, rows
 
 
-def write_bitnet_bench_models(folder: str | Path, shape: str, seed: int = 0) -> dict[str, Path]:
+def write_bitnet_bench_models(
+    folder: str | Path, shape: str, seed: int = 0, stock_ternary: bool = False
+) -> dict[str, Path]:
     """The GGUFs of one BITNET_SHAPES shape with random weights (tools/bitnet_models.py, converted
     by tools/convert_bitnet.py): {"F16 teacher": the plain model in f16 with F32 norms (stock
     llama.cpp cannot multiply by F16 norms; both runtimes read this one file), "I2_S student":
-    the BitNet model (per-projection norms) in i2_s}. The checkpoints in between are deleted."""
+    the BitNet model (per-projection norms) in i2_s}; with ``stock_ternary`` also "ternary F16
+    student": the same student as stock llama.cpp reads it (convert's stock_ternary: its
+    projections' ternary values x scale in F16, no per-projection norms, F32 norms), what
+    llama.cpp's TQ1_0 and TQ2_0 quantizers take. The checkpoints in between are deleted."""
     import shutil
 
     from mlconf.tools import bitnet_models
@@ -995,10 +1108,14 @@ def write_bitnet_bench_models(folder: str | Path, shape: str, seed: int = 0) -> 
     flavor, kw = BITNET_SHAPES[shape]
     folder = Path(folder)
     out = {}
-    for label, teacher, outtype in (("F16 teacher", True, "f16"), ("I2_S student", False, "i2_s")):
+    for label, teacher in (("F16 teacher", True), ("I2_S student", False)):
         ck = bitnet_models.build(flavor, folder / "ckpt", seed=seed, teacher=teacher, **kw)
+        outtype = "f16" if teacher else "i2_s"
         out[label] = folder / f"{shape}-{outtype}.gguf"
         convert(ck, out[label], outtype, f32_norms=teacher)
+        if stock_ternary and not teacher:
+            out["ternary F16 student"] = folder / f"{shape}-ternary-f16.gguf"
+            convert(ck, out["ternary F16 student"], "f16", f32_norms=True, stock_ternary=True)
         shutil.rmtree(ck)
     return out
 
@@ -1009,6 +1126,41 @@ def _projection_params(shape: str) -> int:
     d, hd = kw["hidden_size"], kw["head_dim"]
     q, kv = kw["num_attention_heads"] * hd, kw["num_key_value_heads"] * hd
     return kw["num_hidden_layers"] * (d * q + 2 * d * kv + q * d + 3 * d * kw["intermediate_size"])
+
+
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def _gguf_tensors(path: str | Path) -> list:
+    """gguf-py's tensors of a GGUF (I2_S registered first: its type is not gguf-py's)."""
+    import gguf
+
+    from mlconf.tools.convert_bitnet import register_i2s
+
+    register_i2s()
+    return list(gguf.GGUFReader(str(path)).tensors)
+
+
+def _generic(name: str) -> str:
+    """A tensor name without its layer ("blk.3.attn_q.weight" -> "attn_q") or ".weight"."""
+    parts = name.split(".")
+    return ".".join(parts[2:-1] if parts[0] == "blk" else parts[:-1])
+
+
+def projection_bytes(path: str | Path) -> int:
+    """Bytes of the seven projections of every layer in a GGUF file, as stored (I2_S's codes
+    without its 32-byte tail; llama.cpp's fallback types where a quantizer chose one)."""
+    return sum(int(t.n_bytes) for t in _gguf_tensors(path) if _generic(t.name) in PROJECTIONS)
+
+
+def tensor_types(path: str | Path) -> dict[str, list[str]]:
+    """Type name -> the layer-less names of the 2-D tensors of that type in a GGUF (the file
+    llama.cpp's quantizer wrote: which tensors it gave which type)."""
+    out: dict[str, set[str]] = {}
+    for t in _gguf_tensors(path):
+        if len(t.shape) == 2:
+            out.setdefault(t.tensor_type.name, set()).add(_generic(t.name))
+    return {k: sorted(v) for k, v in sorted(out.items())}
 
 
 @contextmanager
@@ -1031,29 +1183,52 @@ def bitnet_prefill(gguf_path: str | Path, seq: int, threads: int) -> Iterator[Ca
         lib.ml_embed_free(e)
 
 
-def llama_cpp_quantize(src: str | Path, dst: str | Path, threads: int = 2) -> Path:
-    """``src`` (an F16 GGUF) quantized to Q8_0 by llama.cpp's own llama_model_quantize (the
-    `bench` extra): the file a llama.cpp user would run. Its per-tensor log is silenced."""
+def llama_cpp_quantize(src: str | Path, dst: str | Path, ftype: str = "Q8_0", threads: int = 2) -> Path:
+    """``src`` (an F16 GGUF) quantized by llama.cpp's own llama_model_quantize (the `bench` extra)
+    to LLAMA_FTYPE_MOSTLY_<ftype> (Q8_0, TQ2_0, TQ1_0, ...): the file a llama.cpp user would run,
+    with llama.cpp's own choice per tensor (a fallback type where the rows do not fit the type's
+    blocks: tensor_types reads them back). Its per-tensor log is silenced."""
     import ctypes
 
     import llama_cpp
     from llama_cpp._utils import suppress_stdout_stderr
 
+    code = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}", None)
+    if code is None:
+        raise ValueError(f"llama.cpp has no file type LLAMA_FTYPE_MOSTLY_{ftype}")
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    params.ftype = code
     params.nthread = threads
     with suppress_stdout_stderr(disable=False):
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
-        raise RuntimeError(f"{src}: llama.cpp's llama_model_quantize to Q8_0 failed (status {rc})")
+        raise RuntimeError(f"{src}: llama.cpp's llama_model_quantize to {ftype} failed (status {rc})")
     return Path(dst)
 
 
+# llama.cpp's prefill configured as llama-bench's defaults: n_batch 2048 (tokens per llama_decode
+# call), n_ubatch 512 (per graph), n_ctx the prompt length
+LLAMA_BENCH_BATCH, LLAMA_BENCH_UBATCH = 2048, 512
+# Flash attention: off in bitnet.cpp's llama-bench, `auto` (on for the CPU) in llama.cpp's own
+# default now. llama.cpp gets the faster, as measured on the 2-core AMD EPYC host (Gemma3-270M
+# shape, 2 threads, llama-cpp-python 0.3.36, off and on loaded together and run in turn, the
+# median of 3 runs, the machine otherwise idle):
+LLAMA_CPP_FLASH_ATTN = True
+LLAMA_CPP_FA_MEASURED = (
+    "on a 2-core AMD EPYC, Gemma3-270M shape, 2 threads, tokens/s off -> on, the median of 3 runs "
+    "in turn: F16 pp512 417.7 -> 444.9, pp2048 355.0 -> 408.0; TQ2_0 pp2048 353.8 -> 391.0"
+)
+
+
 @contextmanager
-def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int) -> Iterator[Callable[[], None]]:
-    """llama.cpp's prefill of ``seq`` tokens (one eval, logits of the last position only: what
-    llama-bench -p measures) as a function to time, after a warm-up eval."""
-    llm = _llama(gguf_path, seq, seq, threads, False)
+def llama_cpp_prefill(
+    gguf_path: str | Path, seq: int, threads: int, flash_attn: bool | None = None
+) -> Iterator[Callable[[], None]]:
+    """llama.cpp's prefill of ``seq`` tokens as llama-bench -p runs it (LLAMA_BENCH_BATCH and
+    _UBATCH, n_ctx = seq, flash attention LLAMA_CPP_FLASH_ATTN unless given; logits of each
+    batch's last position only) as a function to time, after a warm-up eval."""
+    fa = LLAMA_CPP_FLASH_ATTN if flash_attn is None else flash_attn
+    llm = _llama(gguf_path, seq, LLAMA_BENCH_BATCH, threads, False, LLAMA_BENCH_UBATCH, fa)
     try:
         toks = [(7919 * i + 3) % llm.n_vocab() for i in range(seq)]
         llm.eval(toks[:1])
@@ -1067,74 +1242,222 @@ def llama_cpp_prefill(gguf_path: str | Path, seq: int, threads: int) -> Iterator
         llm.close()
 
 
+# the prefill rows: label -> (runtime, the file of write_bitnet_bench_models / the quantizer)
+PREFILL_ENGINES = {
+    "F16 teacher": ("bitnet", "F16 teacher"),
+    "I2_S student": ("bitnet", "I2_S student"),
+    "llama.cpp F16 teacher": ("llama.cpp", "F16 teacher"),
+    "llama.cpp Q8_0 teacher": ("llama.cpp", "Q8_0 teacher"),
+    "llama.cpp TQ2_0 student": ("llama.cpp", "TQ2_0 student"),
+    "llama.cpp TQ1_0 student": ("llama.cpp", "TQ1_0 student"),
+}
+
+
 def bitnet_prefill_bench(
-    bw: float, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SEQS, threads=(1, 2), workdir: str | None = None
-) -> list[dict]:
-    """Seed 004 section 7's benchmark on this machine: prefill tokens/s at each length of the F16
-    teacher and the I2_S student on the bitnet runtime, and of llama.cpp on the same F16 teacher
-    GGUF and on its own Q8_0 of it (llama_cpp_quantize; when the `bench` extra is installed), per
-    thread count, the engines' runs interleaved (bench_output.interleaved); with the projections' GOPS
-    (2 x weights x tokens / s) and weight GB/s (each weight read once per pass) against the
-    measured read bandwidth ``bw``, I2_S over F16, and mlconf over llama.cpp."""
+    bw: float,
+    shapes=tuple(BITNET_SHAPES),
+    seqs=PREFILL_SEQS,
+    threads: tuple[int, ...] | None = None,
+    workdir: str | None = None,
+    peaks: dict[tuple[str, int], float] | None = None,
+) -> tuple[list[dict], dict[str, dict[str, list[str]]]]:
+    """bitnet.cpp's published benchmark on this machine: prefill tokens/s at each length of the
+    F16 teacher and the I2_S student on the bitnet runtime, and of llama.cpp (when the `bench`
+    extra is installed) on the same F16 teacher GGUF, on its own Q8_0 of it and on its own TQ2_0
+    and TQ1_0 of the student (llama_cpp_quantize of the ternary F16 student), per thread count
+    (default prefill_threads()), the engines' runs interleaved (bench_output.interleaved,
+    prefill_repeat runs each). Per row the projections' and attention's multiply-adds per second
+    (proj_GMAC_s, attn_GMAC_s: _projection_params and attention_macs over the row's whole time)
+    against the measured ``peaks`` (best_peaks: the projections against the int8 peak for integer
+    weights, the f32 one for F16; attention against the f32 peak), the projections' bytes per pass
+    against the read bandwidth ``bw``, and the I2_S student over every other engine. Returns
+    (rows, {"<shape> <type>": tensor_types of each llama.cpp quantization})."""
     import tempfile
 
-    rows = []
+    rows, types = [], {}
+    threads = prefill_threads() if threads is None else threads
     have_llama = llama_cpp_version() is not None
+    peaks = peaks or {}
     for shape in shapes:
         with tempfile.TemporaryDirectory(prefix="mlconf-bench-", dir=workdir) as tmp:
-            files = write_bitnet_bench_models(tmp, shape)
-            if have_llama:  # llama.cpp's own Q8_0 of the same teacher
-                files["Q8_0 teacher"] = llama_cpp_quantize(
-                    files["F16 teacher"], Path(tmp) / f"{shape}-q8_0.gguf"
-                )
-            params = _projection_params(shape)
+            files = write_bitnet_bench_models(tmp, shape, stock_ternary=have_llama)
+            if have_llama:  # llama.cpp's own quantizations: Q8_0 of the teacher, TQ of the student
+                for ftype, src, name in (
+                    ("Q8_0", "F16 teacher", "Q8_0 teacher"),
+                    ("TQ2_0", "ternary F16 student", "TQ2_0 student"),
+                    ("TQ1_0", "ternary F16 student", "TQ1_0 student"),
+                ):
+                    dst = Path(tmp) / f"{shape}-{ftype.lower()}.gguf"
+                    files[name] = llama_cpp_quantize(files[src], dst, ftype)
+                    types[f"{shape} {ftype}"] = tensor_types(files[name])
+            engines = {k: v for k, v in PREFILL_ENGINES.items() if v[0] == "bitnet" or have_llama}
+            wbytes = {label: projection_bytes(files[f]) for label, (_, f) in engines.items()}
+            config, params = BITNET_SHAPES[shape][1], _projection_params(shape)
             for th in threads:
                 for seq in seqs:
-                    rep = REPEAT if seq <= 512 else 2  # a 2048-token run of the 0.6B shape: ~40 s
                     with ExitStack() as stack:  # every engine loaded, then timed in turn
                         runs = {
-                            "F16 teacher": bitnet_prefill(files["F16 teacher"], seq, th),
-                            "I2_S student": bitnet_prefill(files["I2_S student"], seq, th),
+                            label: stack.enter_context(
+                                (bitnet_prefill if rt == "bitnet" else llama_cpp_prefill)(files[f], seq, th)
+                            )
+                            for label, (rt, f) in engines.items()
                         }
-                        if have_llama:
-                            runs["llama.cpp F16 teacher"] = llama_cpp_prefill(files["F16 teacher"], seq, th)
-                            runs["llama.cpp Q8_0 teacher"] = llama_cpp_prefill(files["Q8_0 teacher"], seq, th)
-                        t = interleaved({k: stack.enter_context(v) for k, v in runs.items()}, rep)
+                        t = interleaved(runs, prefill_repeat(seq))
+                    attn = attention_macs(config, seq)
                     for label, timing in t.items():
                         sec = timing.median
-                        wbytes = params * (2 if "F16" in label else 34 / 32 if "Q8_0" in label else 0.25)
                         row = {
                             "model": f"{shape} {label}",
-                            "backend": "llama.cpp" if "llama" in label else "bitnet",
+                            "backend": engines[label][0],
                             "threads": th,
                             "tokens": seq,
                             "tokens_s": seq / sec,
-                            "GOPS": 2 * params * seq / sec / 1e9,
-                            "weight_GB_s": wbytes / sec / 1e9,
-                            "of_memory_bw": wbytes / sec / 1e9 / bw,
+                            "proj_GMAC_s": params * seq / sec / 1e9,
+                            "attn_GMAC_s": attn / sec / 1e9,
+                            "weight_GB_s": wbytes[label] / sec / 1e9,
+                            "of_memory_bw": wbytes[label] / sec / 1e9 / bw,
                         }
+                        kind = "f32" if "F16" in label else "int8"
+                        if (kind, th) in peaks:
+                            share = "proj_of_f32_peak" if kind == "f32" else "of_int8_peak"
+                            row[share] = row["proj_GMAC_s"] / peaks[kind, th]
+                        if ("f32", th) in peaks:
+                            row["attn_of_f32_peak"] = row["attn_GMAC_s"] / peaks["f32", th]
                         if label == "I2_S student":
-                            row["vs_F16_teacher"] = t["F16 teacher"].median / sec
-                            if have_llama:
-                                row["vs_llama.cpp_F16"] = t["llama.cpp F16 teacher"].median / sec
-                                row["vs_llama.cpp_Q8_0"] = t["llama.cpp Q8_0 teacher"].median / sec
+                            for other, key in (
+                                ("F16 teacher", "vs_F16_teacher"),
+                                ("llama.cpp F16 teacher", "vs_llama.cpp_F16"),
+                                ("llama.cpp Q8_0 teacher", "vs_llama.cpp_Q8_0"),
+                                ("llama.cpp TQ2_0 student", "vs_llama.cpp_TQ2_0"),
+                                ("llama.cpp TQ1_0 student", "vs_llama.cpp_TQ1_0"),
+                            ):
+                                if other in t:
+                                    row[key] = t[other].median / sec
                         row["spread"] = {"tokens_s": timing.spread(seq)}
                         rows.append(row)
-    return rows
+    return rows, types
 
 
-def bitnet_doc(workdir: str | None = None, shapes=tuple(BITNET_SHAPES), seqs=PREFILL_SEQS) -> dict:
+# the published table's rows of I2_S ratios beyond its own (I2_S / F16): label -> the row's field
+PUBLISHED_RATIOS = {
+    "I2_S / llama.cpp Q8_0": "vs_llama.cpp_Q8_0",
+    "I2_S / llama.cpp TQ2_0": "vs_llama.cpp_TQ2_0",
+    "I2_S / llama.cpp TQ1_0": "vs_llama.cpp_TQ1_0",
+}
+
+
+def _published_cell(r: dict | None, what: str, published: dict[str, dict[int, float]], n: int) -> str:
+    """One cell of published_table: ``r`` the bench row of the cell's engine (None: not measured);
+    ``what`` F16 (tokens/s), I2_S (tokens/s, our ratio to llama.cpp F16, the published ratio) or a
+    row field holding a ratio."""
+    if not r:
+        return ""
+    if what == "F16":
+        return f"{r['tokens_s']:.1f}"
+    if what != "I2_S":
+        return f"{r[what]:.2f}x" if what in r else ""
+    ours = f"{r['vs_llama.cpp_F16']:.2f}x" if "vs_llama.cpp_F16" in r else ""
+    f16, pub = published.get("F16", {}).get(n), published.get("I2_S", {}).get(n)
+    theirs = f"bitnet.cpp {pub / f16:.2f}x" if f16 and pub else ""
+    both = "; ".join(x for x in (ours, theirs) if x)
+    return f"{r['tokens_s']:.1f}" + (f" ({both})" if both else "")
+
+
+def published_table(rows: list[dict]) -> list[dict]:
+    """bitnet.cpp's published grid (BITNET_PUBLISHED) in its own form, from bitnet_prefill_bench's
+    rows: per thread count and shape a row "F16" (llama.cpp's F16 teacher, tokens/s) and a row
+    "I2_S" (the bitnet runtime's I2_S student, tokens/s, with its ratio to llama.cpp F16 and
+    bitnet.cpp's published ratio beside it: "1234.5 (2.31x; bitnet.cpp 2.28x)"), then the rows of
+    I2_S over llama.cpp's Q8_0, TQ2_0 and TQ1_0 (PUBLISHED_RATIOS); last, the published rows
+    themselves. A cell this run did not measure is empty; a row with none is left out."""
+    got = {(r["model"], r["threads"], r["tokens"]): r for r in rows}
+    seqs = sorted({r["tokens"] for r in rows} | set(PREFILL_SEQS))
+    shapes = [s for s in BITNET_SHAPES if any(r["model"].startswith(f"{s} ") for r in rows)]
+    # (row label, the engine whose bench row fills it, what its cells show)
+    lines = [
+        ("F16", "llama.cpp F16 teacher", "F16"),
+        ("I2_S", "I2_S student", "I2_S"),
+        *((name, "I2_S student", key) for name, key in PUBLISHED_RATIOS.items()),
+    ]
+    out = []
+    for th in sorted({r["threads"] for r in rows}):
+        for shape in shapes:
+            label, published = BITNET_PUBLISHED.get(shape, (shape, {}))
+            for name, engine, what in lines:
+                cells = {
+                    f"pp{n}": _published_cell(got.get((f"{shape} {engine}", th, n)), what, published, n)
+                    for n in seqs
+                }
+                if any(cells.values()):
+                    out.append({"run": "this host", "threads": th, "model": f"{label} {name}", **cells})
+    for shape in shapes:
+        if shape in BITNET_PUBLISHED:
+            label, published = BITNET_PUBLISHED[shape]
+            f16, i2s = published["F16"], published["I2_S"]
+            theirs = {
+                "F16": {n: f"{v:.2f}" for n, v in f16.items()},
+                "I2_S": {n: f"{v:.2f} ({v / f16[n]:.2f}x)" for n, v in i2s.items()},
+            }
+            for name, cells in theirs.items():
+                row = {f"pp{n}": cells.get(n, "") for n in seqs}
+                out.append({"run": "bitnet.cpp", "threads": 8, "model": f"{label} {name}", **row})
+    return out
+
+
+def _types_note(types: dict[str, dict[str, list[str]]]) -> str:
+    """Which tensors llama.cpp's quantizer gave which type, per shape and target type."""
+    parts = []
+    for what, by_type in types.items():
+        if what.endswith("Q8_0"):
+            continue
+        parts.append(f"{what}: " + "; ".join(f"{t} {', '.join(names)}" for t, names in by_type.items()))
+    return ". ".join(parts)
+
+
+def bitnet_doc(
+    workdir: str | None = None,
+    shapes=tuple(BITNET_SHAPES),
+    seqs=PREFILL_SEQS,
+    threads: tuple[int, ...] | None = None,
+) -> dict:
     """The bitnet benchmark (bench_output.document): I2_S matvec against native Q8_0/Q4_0 and the
-    read bandwidth, and seed 004's prefill benchmark (bitnet_prefill_bench)."""
+    read bandwidth, the machine's multiply-add peaks (arithmetic_peaks), bitnet.cpp's published
+    prefill grid measured here (bitnet_prefill_bench) and that grid in the published form beside
+    bitnet.cpp's own figures (published_table)."""
+    threads = prefill_threads() if threads is None else tuple(threads)
     bws, mrows = bitnet_matvec_bench()
-    prows = bitnet_prefill_bench(bws["memory_GB_s"], shapes, seqs, workdir=workdir)
+    peak_rows = arithmetic_peaks(threads)
+    peaks = best_peaks(peak_rows)
+    prows, types = bitnet_prefill_bench(bws["memory_GB_s"], shapes, seqs, threads, workdir, peaks)
     version = llama_cpp_version()
     llama_note = (
-        f"llama.cpp: llama-cpp-python {version}, built with {llama_cpp_isa()}; its prefill is "
-        "one eval of the tokens with the logits of the last position only, as `llama-bench -p` "
-        "measures."
+        f"llama.cpp: llama-cpp-python {version}, built with {llama_cpp_isa()}, configured as "
+        f"llama-bench's defaults: n_batch {LLAMA_BENCH_BATCH}, n_ubatch {LLAMA_BENCH_UBATCH}, n_ctx "
+        "= the prompt length; its prefill is one eval of the tokens with the logits of each batch's "
+        "last position only, as `llama-bench -p` measures. Flash attention "
+        f"{'on' if LLAMA_CPP_FLASH_ATTN else 'off'}, the faster here (bitnet.cpp's llama-bench had "
+        f"it off; llama.cpp's default is now auto, on for the CPU): {LLAMA_CPP_FA_MEASURED}. "
+        "llama.cpp TQ2_0 / TQ1_0 student: llama.cpp's own ternary types, quantized by "
+        "llama_model_quantize from the student as stock llama.cpp reads it (convert-bitnet "
+        "--stock-ternary: each projection's ternary values x its scale in F16, the scale within "
+        "2^-11 of the student's, which TQ stores exactly; stock llama.cpp refuses the student's "
+        "per-projection norms, counting tensors), so it skips those seven norms per layer: "
+        + ", ".join(f"{s} {_norm_in_share(s):.2%}" for s in shapes)
+        + " of the projections' multiply-adds, negligible. Where a projection's rows do not fill "
+        "TQ's 256-value blocks llama.cpp falls back to another type; the files it wrote hold: "
+        + (_types_note(types) or "nothing measured")
+        + "."
         if version
         else "llama.cpp: not measured (the `bench` extra is not installed)."
+    )
+    repeats = ", ".join(f"{prefill_repeat(n)} at {n}" for n in sorted(seqs))
+    peak_note = (
+        "proj_GMAC_s: the seven projections' multiply-adds (weights x tokens) per second, attn_GMAC_s "
+        "attention's (per layer and query head, QK^T and PV, head_dim each per key a query sees: "
+        "causal, min(i + 1, window) keys on Gemma 3's sliding layers), both over the row's whole "
+        "time; of_int8_peak (integer weights) / proj_of_f32_peak (F16) and attn_of_f32_peak: the "
+        "share of the measured peak (the arithmetic peaks section, the row's threads) those "
+        "multiply-adds would use if each ran alone in that time."
     )
     return document(
         "mlconf bench: bitnet runtime",
@@ -1150,20 +1473,50 @@ def bitnet_doc(workdir: str | None = None, shapes=tuple(BITNET_SHAPES), seqs=PRE
                 "themselves (best of their iterations): no spread.",
             ),
             section(
-                "Embedding prefill (seed 004 section 7): F16 teacher, I2_S student, llama.cpp",
+                "Multiply-add peaks of this machine",
+                peak_rows,
+                "A C loop per ISA runnable here (backends/bitnet/src/bench.c): on every thread of the "
+                "pool twelve independent chains of the instruction named, values in registers; int8 "
+                "counts u8 x s8 products, f32 FMA lanes; the best of 3 runs after a warm-up, all threads "
+                "together. No spread.",
+            ),
+            section(
+                "Embedding prefill (bitnet.cpp's published grid): F16 teacher, I2_S student, llama.cpp",
                 prows,
                 "Random weights, the real shapes and vocabularies. bitnet: the runtime called in this "
                 "process (ml_embed: every token through every layer, pooled and normalized), its own "
-                "reading of each file (F16: float matmuls; I2_S: ternary). " + llama_note + " GOPS counts "
-                "the seven projections' multiply-adds (2 x weights x tokens); weight_GB_s their bytes "
-                "(F16: 2 per weight; I2_S: 1/4) over the time, of_memory_bw against the memory "
-                f"bandwidth above. The median of {REPEAT} runs up to 512 tokens, of 2 above; the engines' "
-                "runs are interleaved (one of each in turn), so the machine's drift falls on all of them "
-                "alike.",
+                "reading of each file (F16: float matmuls; I2_S: ternary). "
+                + llama_note
+                + " "
+                + peak_note
+                + " weight_GB_s: the projections' bytes as each file stores them over the time, "
+                "of_memory_bw against the memory bandwidth above. The median of the runs per engine ("
+                f"{repeats} tokens: the grid's time); the engines' runs are interleaved (one of each in "
+                "turn), so the machine's drift falls on all of them alike, but for a single run, whose "
+                "ratios carry the drift of the minutes between the engines' runs.",
+            ),
+            section(
+                f"bitnet.cpp's published table ({BITNET_PUBLISHED_HOST}) beside this host's",
+                published_table(prows),
+                "tokens/s in bitnet.cpp's form (docs/bitnet-embeddings-i2s-guide.md, llama-bench): per "
+                "shape, F16 is llama.cpp's F16 teacher and I2_S the bitnet runtime's I2_S student, in "
+                "parentheses its ratio to llama.cpp F16 and bitnet.cpp's published ratio (I2_S over F16 on "
+                "bitnet.cpp's llama.cpp, 8 threads); the rows I2_S / llama.cpp Q8_0, TQ2_0 and TQ1_0 are "
+                "the student's speed-ups over llama.cpp's own quantizations (no published counterpart). "
+                "The bitnet.cpp rows are its published figures.",
             ),
         ],
         bandwidth=bws,
+        peaks=[{"peak": k, "threads": th, "GMAC_s": v} for (k, th), v in peaks.items()],
     )
+
+
+def _norm_in_share(shape: str) -> float:
+    """The per-projection norms' work (one multiply per input value of each projection: 5 x dim +
+    q_dim + ff per layer and token) over the projections' multiply-adds."""
+    _, kw = BITNET_SHAPES[shape]
+    per_layer = 5 * kw["hidden_size"] + kw["num_attention_heads"] * kw["head_dim"] + kw["intermediate_size"]
+    return kw["num_hidden_layers"] * per_layer / _projection_params(shape)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -212,7 +212,23 @@ def host_line(doc: dict) -> str:
             if b
             else ""
         )
+        + _peaks_line(doc.get("peaks"))
     )
+
+
+def _peaks_line(peaks: list[dict] | None) -> str:
+    """The machine's multiply-add peaks of a document (`bench bitnet`: the best ISA per kind and
+    thread count), or nothing."""
+    if not peaks:
+        return ""
+    kinds = {"int8": "int8", "f32": "f32 FMA"}
+    parts = []
+    for kind, name in kinds.items():
+        got = sorted((p["threads"], p["GMAC_s"]) for p in peaks if p["peak"] == kind)
+        if got:
+            each = (f"{v:.1f} GMAC/s on {th} thread{'s' if th > 1 else ''}" for th, v in got)
+            parts.append(f"{name} " + ", ".join(each))
+    return " Multiply-add peaks (C loops, the best ISA): " + "; ".join(parts) + "."
 
 
 def _cell(v):
@@ -226,8 +242,15 @@ def _cell(v):
 
 
 def table(rows: list[dict], fmt: str = "simple") -> str:
+    """Every field of any row a column, in the order they first appear, `spread` last; a row
+    without a field has an empty cell."""
+    keys = list(dict.fromkeys(k for r in rows for k in r if k != "spread"))
+    keys += ["spread"] if any("spread" in r for r in rows) else []
     return tabulate(
-        [{k: _cell(v) for k, v in r.items()} for r in rows], headers="keys", tablefmt=fmt, floatfmt=".4g"
+        [[_cell(r[k]) if k in r else None for k in keys] for r in rows],
+        headers=keys,
+        tablefmt=fmt,
+        floatfmt=".4g",
     )
 
 

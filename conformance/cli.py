@@ -73,6 +73,32 @@ def int_in(lo: int, hi: int, multiple: int = 1):
     return parse
 
 
+def comma_list(item, what: str = "value"):
+    """An argparse type: a comma-separated list, each part parsed by the argparse type ``item``,
+    in the order given, each once."""
+
+    def parse(text: str) -> list:
+        parts = [t.strip() for t in text.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what}s")
+        return list(dict.fromkeys(item(t) for t in parts))
+
+    return parse
+
+
+def _one_of(text: str, allowed: tuple[str, ...]) -> str:
+    if text not in allowed:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(allowed)}")
+    return text
+
+
+def _bench():
+    """mlconf.bench, imported when a bench option is parsed (not at every start of the CLI)."""
+    from mlconf import bench
+
+    return bench
+
+
 def seconds(text: str) -> float:
     """An argparse type: a per-call timeout, above 0 and at most the native MAX_TIMEOUT."""
     from mlconf.backends.child import MAX_TIMEOUT
@@ -814,10 +840,21 @@ def cmd_bench(args) -> int:
     if args.what == "llama-cmake-args":
         print(bench.llama_cpp_cmake_args())
         return 0
+    grid = {"--shapes": args.shapes, "--seqs": args.seqs, "--threads": args.threads}
+    given = [k for k, v in grid.items() if v is not None]
+    if given and args.what != "bitnet":
+        raise UsageError(f"{', '.join(given)}: only with `mlconf bench bitnet`")
     before = _bench_json(args.compare) if args.compare else None  # refused before hours of work
     if args.what in ("native", "bitnet"):
         try:
-            doc = bench.native_doc() if args.what == "native" else bench.bitnet_doc()
+            if args.what == "native":
+                doc = bench.native_doc()
+            else:
+                doc = bench.bitnet_doc(
+                    shapes=tuple(args.shapes or bench.BITNET_SHAPES),
+                    seqs=tuple(args.seqs or bench.PREFILL_SEQS),
+                    threads=tuple(args.threads) if args.threads else None,
+                )
         except FileNotFoundError as e:
             raise UsageError(str(e)) from None
         out = Path(args.report) / ("bench.md" if args.what == "native" else "bench-bitnet.md")
@@ -1208,9 +1245,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         choices=["all", "quant", "forward", "tokenizer", "native", "bitnet", "llama-cmake-args"],
         help="native: the C runtime's kernels, matvecs and model speed (writes REPORT/bench.md); "
-        "bitnet: I2_S matvec against native Q8_0/Q4_0 and embeddings/s of a Qwen3-0.6B-shaped "
-        "model (writes REPORT/bench-bitnet.md); llama-cmake-args: the CMAKE_ARGS that build "
-        "llama-cpp-python (extra `bench`) for this CPU: GGML_NATIVE and AMX off, its ISA explicit",
+        "bitnet: I2_S matvec against native Q8_0/Q4_0, the machine's multiply-add peaks and "
+        "bitnet.cpp's published prefill grid (Qwen3-0.6B and Gemma3-270M shapes) beside llama.cpp "
+        "(writes REPORT/bench-bitnet.md; --shapes, --seqs, --threads: a part of it); "
+        "llama-cmake-args: the CMAKE_ARGS that build llama-cpp-python (extra `bench`) for this "
+        "CPU: GGML_NATIVE and AMX off, its ISA explicit",
     )
     p.add_argument("--report", default="reports", help="folder of bench.md (default: %(default)s)")
     p.add_argument(
@@ -1237,6 +1276,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--cols", type=int_in(32, 65536, 32), default=4096, help="quantizer matrix columns (a multiple of 32)"
     )
     p.add_argument("--model", help="forward: an .mlb (default: the largest golden model)")
+    p.add_argument(
+        "--shapes",
+        type=comma_list(lambda t: _one_of(t, tuple(_bench().BITNET_SHAPES)), "shape"),
+        metavar="LIST",
+        help="bitnet: the prefill grid's model shapes, comma-separated (default: every one: "
+        "Qwen3-0.6B,Gemma3-270M)",
+    )
+    p.add_argument(
+        "--seqs",
+        type=comma_list(lambda t: int_in(1, max(_bench().PREFILL_SEQS))(t), "prompt length"),
+        metavar="LIST",
+        help="bitnet: the prompt lengths, up to 4096 (default: 128,256,512,1024,2048,4096)",
+    )
+    p.add_argument(
+        "--threads",
+        type=comma_list(int_in(1, 256), "thread count"),
+        metavar="LIST",
+        help="bitnet: the thread counts (default: 1, 2 and every core this process may use)",
+    )
     p.add_argument(
         "--tokenizer-json",
         help="tokenizer: a tokenizer.json to convert and time against HF "

@@ -192,8 +192,9 @@ def test_interleaved_runs_take_turns():
 
 def test_bitnet_prefill_rows(monkeypatch, tmp_path):
     """`bench bitnet`'s prefill section on a tiny Qwen3 stand-in: the F16 teacher and the I2_S
-    student on the bitnet runtime (and llama.cpp's two rows with the `bench` extra), every engine
-    loaded at once and timed in turn, with the I2_S ratios."""
+    student on the bitnet runtime (and llama.cpp's four rows with the `bench` extra: F16, its
+    Q8_0, TQ2_0 and TQ1_0 of the student), every engine loaded at once and timed in turn, with the
+    I2_S ratios and the multiply-adds against the peaks given."""
     pytest.importorskip("torch")
     from mlconf import bench
     from mlconf.backends.bitnet import LIBRARY
@@ -214,15 +215,31 @@ def test_bitnet_prefill_rows(monkeypatch, tmp_path):
         ),
     )
     monkeypatch.setattr(bench, "BITNET_SHAPES", {"tiny": tiny})
-    rows = bench.bitnet_prefill_bench(10.0, ("tiny",), (8,), (1,), workdir=str(tmp_path))
+    peaks = {("int8", 1): 100.0, ("f32", 1): 25.0}
+    rows, types = bench.bitnet_prefill_bench(10.0, ("tiny",), (8,), (1,), str(tmp_path), peaks)
     labels = [r["model"] for r in rows]
     llama = bench.llama_cpp_version() is not None
     assert labels == ["tiny F16 teacher", "tiny I2_S student"] + (
-        ["tiny llama.cpp F16 teacher", "tiny llama.cpp Q8_0 teacher"] if llama else []
+        [f"tiny llama.cpp {t}" for t in ("F16 teacher", "Q8_0 teacher", "TQ2_0 student", "TQ1_0 student")]
+        if llama
+        else []
     )
+    assert sorted(types) == (["tiny Q8_0", "tiny TQ1_0", "tiny TQ2_0"] if llama else [])
     student = rows[1]
-    assert student["tokens_s"] > 0 and student["spread"]["tokens_s"]["runs"] == bench.REPEAT
-    assert student["vs_F16_teacher"] > 0 and (not llama or student["vs_llama.cpp_F16"] > 0)
+    assert student["tokens_s"] > 0 and student["spread"]["tokens_s"]["runs"] == bench.prefill_repeat(8)
+    assert student["vs_F16_teacher"] > 0 and (not llama or student["vs_llama.cpp_TQ1_0"] > 0)
+    macs = bench._projection_params("tiny") * 8
+    for r in rows:  # the MACs over the row's time, against the peak of its arithmetic
+        sec = 8 / r["tokens_s"]
+        assert r["proj_GMAC_s"] == pytest.approx(macs / sec / 1e9)
+        assert r["attn_GMAC_s"] == pytest.approx(bench.attention_macs(tiny[1], 8) / sec / 1e9)
+        assert r["attn_of_f32_peak"] == pytest.approx(r["attn_GMAC_s"] / 25.0)
+        if "F16" in r["model"]:
+            assert r["proj_of_f32_peak"] == pytest.approx(r["proj_GMAC_s"] / 25.0) and "of_int8_peak" not in r
+        else:
+            assert (
+                r["of_int8_peak"] == pytest.approx(r["proj_GMAC_s"] / 100.0) and "proj_of_f32_peak" not in r
+            )
 
 
 def test_phase_rates_take_turns_with_the_bandwidth_before_each_run():

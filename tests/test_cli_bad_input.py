@@ -147,6 +147,13 @@ ROWS = [
     (["bench", "quant", "--repeat", "0"], USAGE, "--repeat", None),
     (["bench", "forward", "--model", "e.mlb"], USAGE, "e.mlb", None),
     (["bench", "forward", "--model", "adir"], USAGE, "adir: cannot read: is a directory", None),
+    (["bench", "bitnet", "--shapes", "Qwen3-0.6B,Llama"], USAGE, "--shapes: 'Llama' is not one of", None),
+    (["bench", "bitnet", "--seqs", "128,0"], USAGE, "--seqs: 0 is not in 1..4096", None),
+    (["bench", "bitnet", "--seqs", "8192"], USAGE, "--seqs: 8192 is not in 1..4096", None),
+    (["bench", "bitnet", "--seqs", "128,,256"], USAGE, "--seqs: '128,,256' is not a comma-separated", None),
+    (["bench", "bitnet", "--threads", "two"], USAGE, "--threads: 'two' is not an integer", None),
+    (["bench", "bitnet", "--threads", "0"], USAGE, "--threads: 0 is not in 1..256", None),
+    (["bench", "quant", "--seqs", "128"], USAGE, "--seqs: only with `mlconf bench bitnet`", None),
     # 11: timeouts
     (["run", "--timeout", "1e8", "-b", "native", "-k", "format.magic"], USAGE, "--timeout", None),
     (["run", "--timeout", "inf", "-k", "format.magic"], USAGE, "--timeout", None),

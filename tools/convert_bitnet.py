@@ -16,6 +16,9 @@ skipped. Tensor types:
     f16       F16                  F16          F16
     i2_s      I2_S (type 36)       F16          F16
 
+``stock_ternary`` (--stock-ternary, with f32 or f16) writes a student as stock llama.cpp reads it:
+no per-projection norms, each projection its I2_S reading (ternary x scale) as a float.
+
 Gemma 3: Gemma3RMSNorm scales by (1 + w); as llama.cpp's converter does, the stored weight of
 those norms (attn/ffn/post norms, q/k head norms, output_norm) is 1 + w in float32 (then cast).
 The BitLinear input norms (``*.proj.norm.weight``) are plain RMSNorm weights and stored as-is.
@@ -135,6 +138,15 @@ def register_i2s():
     member = t(I2_S_TYPE)
     gguf.GGML_QUANT_SIZES.setdefault(member, (4, 1))  # the dict gguf_reader / quants import
     return member
+
+
+def ternarize(w: np.ndarray) -> tuple[np.ndarray, float]:
+    """The reference's ternary values and scale of a 2-D weight (i2s.ternarize), refused rows
+    reported as a conversion error."""
+    try:
+        return i2s.ternarize(np.asarray(w, np.float32))
+    except i2s.I2SError as e:
+        raise ConvertError(f"I2_S: {e}") from None
 
 
 def pack_i2s(w: np.ndarray) -> bytes:
@@ -451,17 +463,30 @@ def _closing_writer(writer):
 
 
 def convert(
-    ckpt: str | os.PathLike, out: str | os.PathLike, outtype: str = "f16", f32_norms: bool = False
+    ckpt: str | os.PathLike,
+    out: str | os.PathLike,
+    outtype: str = "f16",
+    f32_norms: bool = False,
+    stock_ternary: bool = False,
 ) -> dict:
     """Write the GGUF of the checkpoint folder ``ckpt`` to ``out``; returns a summary (arch,
     outtype, hyperparameters, pooling, tensor count). Raises ConvertError; no partial file.
     ``f32_norms``: every 1-D tensor in F32 whatever the outtype, as llama.cpp's own converters
-    write them (stock llama.cpp cannot multiply by F16 norms; bitnet.cpp's fork added that)."""
+    write them (stock llama.cpp cannot multiply by F16 norms; bitnet.cpp's fork added that).
+    ``stock_ternary`` (outtype f32 or f16): the student as stock llama.cpp reads it, the input of
+    its own ternary quantizers (TQ1_0, TQ2_0): the teacher's tensor set (no per-projection norms:
+    llama.cpp refuses a file with tensors it does not create), each projection its I2_S reading,
+    ternary value x the tensor's scale d, every other tensor as the outtype writes it. In F32 the
+    product is exact; in F16 it is ternary x f16(d) (d, a mean of |w|, is seldom an f16: within
+    2^-11 of the student's), which TQ1_0/TQ2_0 then hold exactly (their block scale, the block's
+    largest |value|, is that f16)."""
     import gguf
 
     folder, out = Path(ckpt), Path(out)
     if outtype not in OUTTYPES:
         raise ConvertError(f"--outtype {outtype!r} is not one of {', '.join(OUTTYPES)}")
+    if stock_ternary and outtype == "i2_s":
+        raise ConvertError("--stock-ternary writes float projections: --outtype f32 or f16, not i2_s")
     try:
         top = json.loads(read_regular(folder / "config.json")).get("model_type")
     except (OSError, ValueError, AttributeError):
@@ -483,24 +508,33 @@ def convert(
     )
     ck = Checkpoint(folder)
     prefix, items = _check_tensors(ck, items)
+    if stock_ternary:
+        items = [it for it in items if not it.norm_in]
     i2s_type = register_i2s() if outtype == "i2_s" else None
-    if i2s_type is not None:
+    if i2s_type is not None or stock_ternary:
         # bitnet.cpp's I2_S kernels (and the reference) take whole 128-value blocks per row
         bad = [it.hf for it in items if it.kind == "linear" and it.shape[1] % I2_S_BLOCK]
         if bad:
             t = prefix + bad[0]
             raise ConvertError(
                 f"{folder}: tensor {t} has rows of {ck.infos[t].shape[1]} values; "
-                f"--outtype i2_s needs a multiple of {I2_S_BLOCK}"
+                f"{'--stock-ternary' if stock_ternary else '--outtype i2_s'} needs a multiple of {I2_S_BLOCK}"
             )
 
     # Cast per kind and outtype (the module docstring's table).
     f16 = outtype != "f32"
     f16_norms = f16 and not f32_norms
     one = np.float32(1.0)
+
+    def linear(x: np.ndarray) -> np.ndarray:
+        if stock_ternary:
+            q, d = ternarize(x)
+            x = q.astype(np.float32) * np.float32(d)  # i2s.dequantize's product
+        return x.astype(np.float16) if f16 else x
+
     fns: dict[str, Callable[[np.ndarray], np.ndarray]] = {
         "embed": lambda x: x.astype(np.float16) if f16 else x,
-        "linear": lambda x: x.astype(np.float16) if f16 else x,
+        "linear": linear,
         "norm": lambda x: x.astype(np.float16) if f16_norms else x,
         "fold_norm": lambda x: (one + x).astype(np.float16) if f16_norms else one + x,
     }
@@ -588,9 +622,17 @@ def main(argv: list[str] | None = None, prog: str = "convert_bitnet.py") -> int:
         "llama.cpp cannot multiply by F16 norms (BitNet's converter writes them F16 for its own "
         "runtime)",
     )
+    ap.add_argument(
+        "--stock-ternary",
+        action="store_true",
+        help="the student for stock llama.cpp's TQ1_0/TQ2_0 quantizers: no per-projection norms, "
+        "each projection its ternary values x scale in the outtype (f32 or f16)",
+    )
     args = ap.parse_args(argv)
     try:
-        s = convert(args.ckpt, args.out, args.outtype, f32_norms=args.f32_norms)
+        s = convert(
+            args.ckpt, args.out, args.outtype, f32_norms=args.f32_norms, stock_ternary=args.stock_ternary
+        )
     except ConvertError as e:
         print(f"mlconf: error: {e}", file=sys.stderr)
         return exits.USAGE
