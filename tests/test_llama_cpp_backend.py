@@ -87,7 +87,11 @@ def test_a_wrong_rope_layout_fails_the_forward_cases(tmp_path, monkeypatch):
     monkeypatch.setitem(
         registry._FACTORIES, "llama.cpp-halves", lambda name: CmdBackend(name, [sys.executable, str(script)])
     )
-    select = " or ".join(("q4_round_f16", "q4_mask_b", "qwen3_qk_norm_f16"))
+    # not the whole-context cases: llama.cpp's f16 activation scales move an argmax there (README
+    # "Differences from upstream"), so they fail with the right export too
+    select = (
+        "(" + " or ".join(("q4_round_f16", "q4_mask_b", "qwen3_qk_norm_f16")) + ") and not long_vs_reference"
+    )
     right = _run(tmp_path, "llama.cpp", select, "right")
     wrong = _run(tmp_path, "llama.cpp-halves", select, "wrong")
     assert right.keys() == wrong.keys() and right
@@ -198,8 +202,10 @@ def test_embeddings_of_the_teachers(tmp_path, monkeypatch):
         registry._FACTORIES, "llama.cpp-mean", lambda name: CmdBackend(name, [sys.executable, str(script)])
     )
     wrong = _run_area(tmp_path, "bitnet", "embed and teacher and last", "llama.cpp-mean", "wrong")
-    longer = {c: r for c, r in wrong.items() if "/refused/" not in c and "/0/" not in c}  # set 0: one token
-    assert len(longer) == 16 and all(r["outcome"] == "fail" for r in longer.values()), {
+    longer = {
+        c: r for c, r in wrong.items() if "/refused/" not in c and "/0/" not in c
+    }  # set 0: one token; 16 + the 2 long_150 ones
+    assert len(longer) == 18 and all(r["outcome"] == "fail" for r in longer.values()), {
         c: r["outcome"] for c, r in longer.items()
     }
 
