@@ -44,7 +44,7 @@ typedef struct {
      * unpacked once for eight tokens and each activation vector loaded once for two rows. NULL in
      * a table without one (AVX2, NEON): the prefill then runs dot4. */
     void (*dot_rows2x8)(int n, const uint8_t *w, const int8_t *const x[8], int32_t *out, size_t os);
-    /* Float dots of the float reading (F16 / F32 weights) and of attention: sum_k w[k] * x[k]
+    /* Float dots of the float reading (F16 / F32 weights): sum_k w[k] * x[k]
      * over n >= 0 values in one fixed order on every ISA: element k goes to running sum k % 8
      * (product rounded, then added: no FMA), and the eight sums combine as ((s0 + s1) + (s2 + s3))
      * + ((s4 + s5) + (s6 + s7)). dot_f16 widens the f16 weights exactly first. */
