@@ -1027,9 +1027,21 @@ def _softmax_formula(s, a, b, m, total):
 def test_attention_kernels_follow_the_formulas(lib, isa, seed):
     """att_scores, att_softmax and att_pv give the header's definitions' bits on every ISA (one
     fused multiply-add per step, in the documented orders), for query counts and key counts that
-    are and are not multiples of the SIMD tiles (4 rows x 16), head widths 8 .. 136."""
+    are and are not multiples of the SIMD tiles (4 rows x 16 on AVX2, 8 x 32 on AVX-512, with the
+    leftover queries, keys and columns of each), head widths 8 .. 136."""
     rng = np.random.default_rng(seed)
-    shapes = ((8, 1, 1), (32, 3, 7), (32, 4, 16), (64, 5, 17), (128, 16, 64), (136, 6, 33), (16, 16, 40))
+    shapes = (
+        (8, 1, 1),
+        (32, 3, 7),
+        (32, 4, 16),
+        (64, 5, 17),
+        (128, 16, 64),
+        (136, 6, 33),
+        (16, 16, 40),
+        (136, 11, 45),
+        (48, 9, 64),
+        (96, 8, 32),
+    )
     for hd, nq, nk in shapes:
         q = (rng.standard_normal((nq, hd)) * np.exp2(rng.integers(-6, 6, (nq, hd)))).astype(F32)
         k = (rng.standard_normal((nk, hd)) * np.exp2(rng.integers(-6, 6, (nk, hd)))).astype(F32)

@@ -5,9 +5,18 @@
  * As i2s_avxvnni.c, on 64 bytes: a block's 32 packed bytes are broadcast to both halves of a ZMM
  * register and shifted by (6, 4) and (2, 0) per half, so two 64-byte code vectors hold the codes
  * of elements 0..63 and 64..127 in element order, each against 64 consecutive activations. Exact
- * int32 sums in any order, as the twin's. Float kernels, attention's included: AVX2's.
+ * int32 sums in any order, as the twin's. Float kernels: AVX2's, but for attention's scores and
+ * weighted values (below).
  */
+/* as i2s_avx2.c: no contraction of a multiply and an add into an FMA the twin does not do */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #include <immintrin.h>
+#include <math.h>
 
 #include "i2s_kernels.h"
 #include "i2s_x86_hsum.h"
@@ -104,6 +113,97 @@ static void dot_rows4(int n, const uint8_t *w, const int8_t *x, int32_t out[4]) 
     for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_epi32(a[r]);
 }
 
+/* Attention (i2s_kernels.h att_*): AVX2's scheme on 16 lanes, each value the twin's fmaf chain in
+ * its order (one vfmadd per lane), so the bits are the twin's. Register tiles of eight queries x
+ * two zmm (32 keys or output elements: 16 accumulators of 32 registers) read each key or value
+ * vector once for eight queries where AVX2's 16 registers allow four: the tile, which lives in
+ * L2, is read half as often. The leftovers (fewer than eight queries, 32 keys or 32 columns) go
+ * to AVX2's kernels or a 16-lane loop. */
+#define FMA16 _mm512_fmadd_ps
+#define BQ16(r, d) _mm512_set1_ps((r)[d])
+/* two blocks of kt (32 keys, each block hd x 16 floats) against eight queries */
+ALWAYS_INLINE void scores8x32(int hd, const float *q, size_t qs, const float *k, __m512 sc, float *s, size_t ss) {
+    const float *k2 = k + (size_t)hd * I2S_ATT_KB;
+    __m512 a[8], b[8];
+    const float *qi[8];
+    for (int i = 0; i < 8; i++) a[i] = b[i] = _mm512_setzero_ps(), qi[i] = q + (size_t)i * qs;
+    for (int d = 0; d < hd; d++, k += I2S_ATT_KB, k2 += I2S_ATT_KB) {
+        const __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k2);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const __m512 x = BQ16(qi[i], d);
+            a[i] = FMA16(x, k0, a[i]), b[i] = FMA16(x, k1, b[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        _mm512_storeu_ps(s + (size_t)i * ss, _mm512_mul_ps(a[i], sc)),
+            _mm512_storeu_ps(s + (size_t)i * ss + 16, _mm512_mul_ps(b[i], sc));
+}
+
+static void att_scores(int hd, int nq, const float *q, size_t qs, int nk, const float *kt, float scale, float *s,
+                       size_t ss) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    const int nk32 = nk - nk % 32, i8 = nq - nq % 8;
+    for (int j = 0; j < nk32; j += 32) {
+        const float *k = kt + I2S_ATT_KT(hd, j, 0);
+        for (int i = 0; i < i8; i += 8) scores8x32(hd, q + (size_t)i * qs, qs, k, sc, s + (size_t)i * ss + j, ss);
+    }
+    /* keys [nk32, nk) start a block of kt (nk32 is a multiple of I2S_ATT_KB) */
+    if (i8 && nk32 < nk) i2s_avx2_att_scores(hd, i8, q, qs, nk - nk32, kt + I2S_ATT_KT(hd, nk32, 0), scale, s + nk32, ss);
+    if (i8 < nq) i2s_avx2_att_scores(hd, nq - i8, q + (size_t)i8 * qs, qs, nk, kt, scale, s + (size_t)i8 * ss, ss);
+}
+
+/* 32 output elements of eight queries over the tile's values */
+ALWAYS_INLINE void pv8x32(int hd, int nk, const float *p, size_t ps, const float *v, const float *alpha, float *o,
+                          size_t os) {
+    __m512 a[8], b[8];
+    const float *pi[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        const __m512 al = _mm512_set1_ps(alpha[i]);
+        float *oi = o + (size_t)i * os;
+        a[i] = _mm512_mul_ps(_mm512_loadu_ps(oi), al), b[i] = _mm512_mul_ps(_mm512_loadu_ps(oi + 16), al);
+        pi[i] = p + (size_t)i * ps;
+    }
+    for (int j = 0; j < nk; j++, v += hd) {
+        const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const __m512 x = BQ16(pi[i], j);
+            a[i] = FMA16(x, v0, a[i]), b[i] = FMA16(x, v1, b[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) _mm512_storeu_ps(o + (size_t)i * os, a[i]), _mm512_storeu_ps(o + (size_t)i * os + 16, b[i]);
+}
+
+/* columns [c0, hd) of one query: 16 at a time, then one by one */
+static void pv1(int c0, int hd, int nk, const float *p, const float *v, float alpha, float *o) {
+    int c = c0;
+    for (; c + 16 <= hd; c += 16) {
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(o + c), _mm512_set1_ps(alpha));
+        for (int j = 0; j < nk; j++) a = FMA16(_mm512_set1_ps(p[j]), _mm512_loadu_ps(v + (size_t)j * hd + c), a);
+        _mm512_storeu_ps(o + c, a);
+    }
+    for (; c < hd; c++) {
+        float acc = o[c] * alpha;
+        for (int j = 0; j < nk; j++) acc = fmaf(p[j], v[(size_t)j * hd + c], acc);
+        o[c] = acc;
+    }
+}
+
+static void att_pv(int hd, int nq, int nk, const float *p, size_t ps, const float *v, const float *alpha, float *o,
+                   size_t os) {
+    const int hd32 = hd - hd % 32, i8 = nq - nq % 8;
+    for (int c = 0; c < hd32; c += 32)
+        for (int i = 0; i < i8; i += 8) pv8x32(hd, nk, p + (size_t)i * ps, ps, v + c, alpha + i, o + (size_t)i * os + c, os);
+    for (int i = 0; i < i8 && hd32 < hd; i++) pv1(hd32, hd, nk, p + (size_t)i * ps, v, alpha[i], o + (size_t)i * os);
+    if (i8 < nq) i2s_avx2_att_pv(hd, nq - i8, nk, p + (size_t)i8 * ps, ps, v, alpha + i8, o + (size_t)i8 * os, os);
+}
+#undef BQ16
+#undef FMA16
+
 const i2s_kernel_table i2s_kernels_avx512 = {
     .name = "avx512",
     .dot = dot,
@@ -116,7 +216,7 @@ const i2s_kernel_table i2s_kernels_avx512 = {
     .epilogue = i2s_avx2_epilogue,
     .act_mul = i2s_avx2_act_mul,
     .norm_mul = i2s_avx2_norm_mul,
-    .att_scores = i2s_avx2_att_scores, /* attention: AVX2's */
-    .att_softmax = i2s_avx2_att_softmax,
-    .att_pv = i2s_avx2_att_pv,
+    .att_scores = att_scores,
+    .att_softmax = i2s_avx2_att_softmax, /* AVX2's: a small share of the time */
+    .att_pv = att_pv,
 };
