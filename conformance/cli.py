@@ -422,7 +422,18 @@ def cmd_run(args) -> int:
             + (f", shard {args.shard}" if args.shard else "")
             + ")"
         )
+    only = getattr(args, "only_ids", None)  # mlconf certify: the must-pass list's cases
+    if only is not None:
+        selected = [c for c in selected if c.id in only]
     gate = True if args.strict else _required(args.require)
+    entries, expect_sha = [], None
+    if getattr(args, "expect", None):
+        from mlconf import expectations
+
+        try:
+            entries, expect_sha = expectations.load(input_file(args.expect))
+        except expectations.ExpectationsError as e:
+            raise UsageError(str(e)) from None
     if args.list:
         print("\n".join(c.id for c in selected))
         return exits.OK
@@ -454,6 +465,7 @@ def cmd_run(args) -> int:
         return exits.FAILED  # the run did not complete: not a usage error, and not a pass
     finally:
         progress.close()
+    reruns = _flaky_reruns(results, entries, selected, backends, args.jobs) if entries else {}
     from mlconf.cases import AREAS
 
     areas = [a for a in AREAS if a in (args.area or AREAS)]
@@ -467,10 +479,20 @@ def cmd_run(args) -> int:
         shards=[args.shard.replace(" ", "")] if args.shard else [],
         target_version=specs.format_version(target) if target else None,
     )
+    if entries:
+        from mlconf import expectations
+
+        unused = expectations.apply(doc["records"], entries, reruns)
+        doc["run"]["expectations"] = {"file": Path(args.expect).name, "sha256": expect_sha, "unused": unused}
+        for i in unused:
+            print(
+                f"mlconf: {args.expect}: expectations entry {i} ({entries[i]['cases']}) matched no case",
+                file=sys.stderr,
+            )
     wall = time.perf_counter() - start
     written = reports.write(doc, args.report, wall=wall)
     print(summary_table(results))
-    n_fail = sum(1 for r in results if records.failing(r.outcome, gate, r.capability, r.claims))
+    n_fail = sum(1 for r in doc["records"] if records.record_fails(r, gate))
     what = "failed, errored, crashed or timed out"
     if gate is True:
         what = "failed, errored, crashed, timed out or were unsupported (--strict)"
@@ -485,6 +507,22 @@ def cmd_run(args) -> int:
     print(f"\n{len(results)} case runs on {len(backends)} backend(s); {n_fail} {what}{stopped}; {wall:.1f} s")
     print(f"reports: {', '.join(str(p) for p in written)}")
     return exits.FAILED if n_fail else exits.OK
+
+
+def _flaky_reruns(results, entries, selected, backends, jobs) -> dict[tuple[str, str], list[str]]:
+    """(backend, case) -> the outcomes of the reruns of each case an expectations entry calls
+    flaky and that did not pass: up to its ``reruns`` times, until one passes."""
+    from mlconf import expectations, runner
+
+    by_id = {c.id: c for c in selected}
+    by_name = {b.name: b for b in backends}
+    out: dict[tuple[str, str], list[str]] = {}
+    for res, n in expectations.to_rerun(results, entries):
+        got = out.setdefault((res.backend, res.case), [])
+        while len(got) < n and "pass" not in got:
+            (again,) = runner.run([by_id[res.case]], [by_name[res.backend]], jobs=1)
+            got.append(again.outcome)
+    return out
 
 
 def _required(values: list[str] | None) -> frozenset[str]:
@@ -540,6 +578,79 @@ def cmd_diff(args) -> int:
     else:
         print(reports.diff_text(regressed, fixed))
     return exits.FAILED if regressed else exits.OK
+
+
+def cmd_mustpass(args) -> int:
+    from mlconf import mustpass
+
+    names = [args.version] if args.version else mustpass.versions()
+    bad = 0
+    for v in names:
+        if v != mustpass.CURRENT:
+            try:
+                mustpass.specs.parse_version(v)
+            except ValueError as e:
+                raise UsageError(f"--version: {e}") from None
+        p = mustpass.path(v)
+        if args.write:
+            rows = mustpass.generate(v)
+            if v in mustpass.RELEASED and p.exists() and p.read_text() != mustpass.text(v, rows):
+                raise UsageError(
+                    f"{p}: a released list is frozen (a case leaves or changes only by hand, reviewed)"
+                )
+            from mlconf.tools.files import atomic_write
+
+            p.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(p, [mustpass.text(v, rows).encode()])
+            print(f"{p}: {len(rows)} cases")
+            continue
+        try:
+            drift = mustpass.drift(v)
+        except mustpass.MustPassError as e:
+            raise UsageError(str(e)) from None
+        for line in drift:
+            print(f"{p.name}: {line}")
+        print(f"{p.name}: {'in step with the suite' if not drift else f'{len(drift)} differences'}")
+        bad += bool(drift)
+    return exits.FAILED if bad else exits.OK
+
+
+def cmd_certify(args) -> int:
+    from mlconf import certify, mustpass
+
+    output_file(args.output)
+    try:
+        code, digest = certify.certify(
+            args.backend,
+            args.version,
+            args.output,
+            args.expect,
+            args.jobs,
+            args.timeout,
+            ["mlconf", *sys.argv[1:]],
+        )
+    except (mustpass.MustPassError, certify.CertifyError) as e:
+        raise UsageError(str(e)) from None
+    print(f"{args.output}: certification package; certification.json SHA-256 {digest}")
+    if code != exits.OK:
+        print(
+            "mlconf: the run did not pass its must-pass list: the package records a non-conformant run",
+            file=sys.stderr,
+        )
+    return code
+
+
+def cmd_verify(args) -> int:
+    from mlconf import certify
+
+    try:
+        bad = certify.verify(input_file(args.package), args.library)
+    except certify.CertifyError as e:
+        raise UsageError(str(e)) from None
+    for line in bad:
+        print(f"{args.package}: {line}")
+    print(f"{args.package}: {'conformant' if not bad else f'NOT conformant ({len(bad)} problems)'}")
+    return exits.FAILED if bad else exits.OK
 
 
 def parse_tokens(text: str, option: str = "--tokens") -> np.ndarray:
@@ -1066,6 +1177,13 @@ def build_parser() -> argparse.ArgumentParser:
         "claims; repeatable)",
     )
     p.add_argument(
+        "--expect",
+        metavar="FILE",
+        help="an expectations file (YAML, specs/expectations.schema.json): cases expected to fail, be "
+        "unsupported or be flaky, each with its reason; an expected outcome does not fail the run, an "
+        "unexpected pass does",
+    )
+    p.add_argument(
         "--target-version",
         metavar="X.Y.Z",
         help="gate a runtime of this Krafla version: files needing a newer one (layer flag bit 2: "
@@ -1094,6 +1212,48 @@ def build_parser() -> argparse.ArgumentParser:
         "FILE (the README's) instead of printing it",
     )
     p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser(
+        "mustpass",
+        help="the must-pass lists (specs/mustpass/VERSION.txt): check them against the suite, or write one",
+    )
+    p.add_argument("--version", help="a list's version (0.8.0, 0.9.0, current; default: every one)")
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="write the list from the suite (a released list only when it is new)",
+    )
+    p.set_defaults(fn=cmd_mustpass)
+
+    p = sub.add_parser(
+        "certify",
+        help="run a version's must-pass list on a backend and write a certification package "
+        "(only the options below are allowed)",
+    )
+    p.add_argument("-b", "--backend", required=True, help="the backend certified (one)")
+    p.add_argument(
+        "--version", required=True, metavar="X.Y.Z", help="the Krafla version: a must-pass list's name"
+    )
+    p.add_argument("-o", "--output", required=True, metavar="PACKAGE.tar.gz")
+    p.add_argument(
+        "--expect", metavar="FILE", help="the runtime's expectations file (recorded in the package)"
+    )
+    p.add_argument("--jobs", "-j", type=int_in(1, 1024), default=1, metavar="N")
+    p.add_argument("--timeout", type=seconds, metavar="S", help="per-call timeout of worker-backed backends")
+    p.set_defaults(fn=cmd_certify)
+
+    p = sub.add_parser(
+        "verify", help="check a certification package without running anything (exit 0: conformant)"
+    )
+    p.add_argument("package", metavar="PACKAGE.tar.gz")
+    p.add_argument(
+        "--library",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a library file that must be the one certified",
+    )
+    p.set_defaults(fn=cmd_verify)
 
     p = sub.add_parser("diff", help="what regressed and what was fixed between two results.json")
     p.add_argument("old", metavar="OLD.json")

@@ -51,6 +51,17 @@ def failing(
     return gate is True or capability in gate or bool(claims and set(claims) <= gate)
 
 
+def record_fails(r: dict, gate: bool | frozenset[str]) -> bool:
+    """Whether a results.json record fails the run: by its expectation's verdict where an
+    expectations file matched it (mlconf.expectations), else by failing()."""
+    e = r.get("expectation")
+    if e:
+        from mlconf.expectations import fails
+
+        return fails(e["verdict"])
+    return failing(r["outcome"], gate, r.get("capability"), r.get("claims", ()))
+
+
 def gate_of(run: dict) -> bool | frozenset[str]:
     """The gate a results.json's run was judged by (files before --require have none)."""
     return True if run["strict"] else frozenset(run.get("required") or ())

@@ -172,6 +172,7 @@ def build(
     records.failing takes it; ``shards``: the --shard of the run (merged runs list several);
     ``target_version``: the Krafla version gated (--target-version), None for the newest."""
     from mlconf.backends import CAPABILITIES
+    from mlconf.certify import library_identity
 
     records = rec.records(results)
     names = [b.name for b in backends]
@@ -188,6 +189,7 @@ def build(
                     "gated": gated,
                     "gated_missing": sorted(set(gated) - set(b.capabilities)),
                     "version_switch": getattr(b, "target_version", None) is not None,
+                    "library": library_identity(b),
                 }
                 for b in backends
             ],
@@ -334,11 +336,7 @@ def _dist_text(d: dict | None) -> str:
 def failures(doc: dict) -> list[dict]:
     gate = rec.gate_of(doc["run"])
     return sorted(
-        (
-            r
-            for r in doc["records"]
-            if rec.failing(r["outcome"], gate, r.get("capability"), r.get("claims", ()))
-        ),
+        (r for r in doc["records"] if rec.record_fails(r, gate)),
         key=lambda r: (r["area"], r["case"], r["backend"]),
     )
 
@@ -482,7 +480,14 @@ def junit_xml(doc: dict) -> bytes:
                 ET.SubElement(props, "property", name=k, value=str(r[k]))
             msg = r["detail"] or r["outcome"]
             dist = _dist_text(r["distances"])
-            if r["outcome"] == "fail" or (
+            e = r.get("expectation")
+            if e and not rec.record_fails(r, gate):  # an expected outcome: reported, not failed
+                ET.SubElement(tc, "skipped", message=f"{e['verdict']}: {e['reason']}")
+                n["skipped"] += 1
+            elif e and r["outcome"] == "pass":
+                ET.SubElement(tc, "failure", message=f"{e['verdict']}: {e['reason']}", type="unexpected pass")
+                n["failures"] += 1
+            elif r["outcome"] == "fail" or (
                 r["outcome"] == "unsupported"
                 and rec.failing("unsupported", gate, r.get("capability"), r.get("claims", ()))
             ):
