@@ -35,6 +35,7 @@ import json
 import platform
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -199,6 +200,13 @@ def certify(
         )
         code = cli.cmd_run(args)
         files = {n: (Path(tmp) / n).read_bytes() for n in REPORT_FILES if (Path(tmp) / n).is_file()}
+    import secrets
+
+    checked = audit(b, version, json.loads(files["results.json"])["records"], secrets.randbits(32))
+    for m in checked["mismatches"]:
+        print(f"mlconf: audit: {m}", file=sys.stderr)
+    if checked["mismatches"] and code == 0:
+        code = 1
     files["mustpass.txt"] = mustpass.path(version).read_bytes()
     if expect:
         files["expectations.yaml"] = Path(expect).read_bytes()
@@ -218,8 +226,89 @@ def certify(
         "host": host(),
         "command": list(argv),
         "run_exit": code,
+        "audit": checked,
     }
     return code, write_package(Path(output), files, cert)
+
+
+# ---------------------------------------------------------------- audit
+AUDIT_CASES = 64  # cases replayed by the audit (all of a shorter list)
+
+
+def _renamer(folder: Path, rng):
+    """copy(src) -> the same bytes under a fresh random name in ``folder`` (names from ``rng``, so
+    that an audit replays from its seed)."""
+
+    def copy(src: Path) -> Path:
+        dst = folder / f"{rng.getrandbits(64):016x}{src.suffix}"
+        shutil.copyfile(src, dst)
+        return dst
+
+    return copy
+
+
+def _disguise(case, copy):
+    """The case with each golden file among its parameters under a fresh name."""
+    from dataclasses import replace
+
+    return replace(
+        case,
+        params={k: copy(v) if isinstance(v, Path) and v.is_file() else v for k, v in case.params.items()},
+    )
+
+
+def audit(backend, version: str, records: list[dict], seed: int, n: int = AUDIT_CASES) -> dict:
+    """Anti-gaming replay (as MLPerf's TEST01/04/05): a seeded sample of the list's cases that ran
+    to a comparison, run again in a shuffled order with every input file under a fresh random
+    name. A runtime that keys on file names or the order of cases answers differently: each
+    case whose outcome or (for exact comparisons) output differs from the certified run is a
+    mismatch."""
+    import random
+
+    from mlconf import cases as case_list
+    from mlconf import runner
+
+    rng = random.Random(seed)
+    ran = sorted(r["case"] for r in records if r["outcome"] in rec.RAN)
+    sample = rng.sample(ran, min(n, len(ran)))
+    target = None if version == mustpass.CURRENT else mustpass.specs.parse_version(version)
+    by_id = {c.id: c for c in case_list.collect(target_version=target) if c.id in set(sample)}
+    before = {r["case"]: r for r in records}
+    with tempfile.TemporaryDirectory(prefix="mlconf-audit-") as tmp:
+        copy = _renamer(Path(tmp), rng)
+
+        class Renamed(runner.Workdir):
+            """Generated fixtures under fresh names (the io.open ones, not files, as they are)."""
+
+            names: dict[str, Path] = {}
+
+            def path(self, fixture):
+                real = super().path(fixture)
+                if not real.is_file() or real.is_symlink():
+                    return real
+                if fixture.file not in self.names:
+                    self.names[fixture.file] = copy(real)
+                return self.names[fixture.file]
+
+        work = Renamed()
+        try:
+            todo = [_disguise(by_id[cid], copy) for cid in sample]
+            results = runner.run(todo, [backend], work=work)
+        finally:
+            work.close()
+    mismatches = []
+    for res in results:
+        r0 = before[res.case]
+        exact = r0["compare"] != "toleranced"
+        sha = rec.sha256(res.output)
+        if res.outcome != r0["outcome"] or (exact and sha != r0["output_sha256"]):
+            mismatches.append(f"{res.case}: {r0['outcome']} in the run, {res.outcome} renamed and reordered")
+    return {
+        "seed": seed,
+        "cases": sample,
+        "outcomes": {r.case: r.outcome for r in results},
+        "mismatches": mismatches,
+    }
 
 
 # ---------------------------------------------------------------- verify
@@ -357,11 +446,35 @@ def verify(path: str | Path, libraries: list[str] = ()) -> list[str]:
                 bad.append(f"results.json: {cid}: {len(got)} records (one required)")
             continue
         bad += [f"results.json: {cid}: {why}" for why in _judge(got[0], cap, claims, entries)]
+    bad += _check_audit(cert.get("audit"), recs, rows, claims)
     if reports.junit_xml(doc) != files.get("junit.xml"):
         bad.append("junit.xml: not the report results.json gives")
     if reports.summary(doc["records"]) != doc["summary"]:
         bad.append("results.json: its summary does not count its records")
     return bad
+
+
+def _check_audit(a, recs: dict[str, list[dict]], rows, claims: set[str]) -> list[str]:
+    """The audit must have replayed its share of the list, with the certified outcomes."""
+    if (
+        not isinstance(a, dict)
+        or not isinstance(a.get("cases"), list)
+        or not isinstance(a.get("outcomes"), dict)
+    ):
+        return [f"{CERT}: no audit (a certification replays a sample renamed and reordered)"]
+    ran = [cid for cid, rs in recs.items() if rs and rs[0]["outcome"] in rec.RAN]
+    out = []
+    need, got = min(AUDIT_CASES, len(ran)), set(a["cases"])
+    if len(got) < need or not got <= set(ran):
+        out.append(f"{CERT}: audit: {len(got)} cases, of those that ran: {need} required")
+    for cid in a["cases"]:
+        was = recs[cid][0]["outcome"] if recs.get(cid) else None
+        if was is not None and a["outcomes"].get(cid) != was:
+            out.append(
+                f"{CERT}: audit: {cid}: {a['outcomes'].get(cid)} renamed and reordered, {was} in the run"
+            )
+    out += [f"{CERT}: audit: {m}" for m in a.get("mismatches") or []]
+    return out
 
 
 def _judge(r: dict, cap: str, claims: set[str], entries: list[dict]) -> list[str]:

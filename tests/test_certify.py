@@ -274,7 +274,8 @@ def test_certify_native_and_verify(tmp_path, small_list, capsys):
         files["junit.xml"] = reports.junit_xml(doc)
         drop.case = gone["case"]
 
-    assert certify.verify(_rewrite(pkg, drop)) == [f"results.json: {drop.case}: 0 records (one required)"]
+    bad = certify.verify(_rewrite(pkg, drop))
+    assert bad[0] == f"results.json: {drop.case}: 0 records (one required)", bad
 
     def swap(files, cert):
         cert["library"][0]["sha256"] = "0" * 64
@@ -348,6 +349,41 @@ def test_certify_with_expectations(tmp_path, small_list):
 
     bad = certify.verify(_rewrite(pkg, own_waiver))
     assert any("header/q8_min: its expectation" in b for b in bad), bad
+
+
+def test_the_audit_catches_a_runtime_keyed_on_file_names(tmp_path, small_list, capsys):
+    """It passes every case of the run (it knows the fixtures' names), and fails the audit,
+    which replays a sample under fresh names in a shuffled order."""
+    cheat = ONE_MISTAKE.replace("rule format.magic", "by_name")
+    code, pkg = _certify(tmp_path, cheat)
+    assert code == 1 and "renamed and reordered" in capsys.readouterr().err
+    doc = _results(certify.read_package(pkg))
+    assert {r["outcome"] for r in doc["records"]} == {"pass"}
+    bad = certify.verify(pkg)
+    assert bad and all("audit" in b for b in bad), bad
+    assert any("loader/" in b and "pass in the run, fail renamed and reordered" in b for b in bad)
+
+
+@needs_native
+def test_a_forged_audit_fails_verify(tmp_path, small_list):
+    _, pkg = _certify(tmp_path, "native")
+    cert = json.loads(certify.read_package(pkg)[certify.CERT])
+    assert (
+        len(cert["audit"]["cases"]) == min(certify.AUDIT_CASES, len(small_list))
+        and not cert["audit"]["mismatches"]
+    )
+
+    def thin(files, cert):
+        cert["audit"]["cases"] = cert["audit"]["cases"][:3]
+
+    assert any("audit: 3 cases" in b for b in certify.verify(_rewrite(pkg, thin)))
+
+    def none(files, cert):
+        del cert["audit"]
+
+    assert certify.verify(_rewrite(pkg, none)) == [
+        "certification.json: no audit (a certification replays a sample renamed and reordered)"
+    ]
 
 
 def test_certify_allows_only_its_options(tmp_path):

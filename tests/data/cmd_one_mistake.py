@@ -4,6 +4,8 @@
     python cmd_one_mistake.py rule RULE   its loader accepts every file whose first failing rule
                                           (specs/mlb_errors.yaml) is RULE
     python cmd_one_mistake.py yarn        its forward ignores yarn's rope_attn_factor
+    python cmd_one_mistake.py by_name     a runtime that games the suite: it knows the fixtures'
+                                          file names and accepts every file it does not know
     python cmd_one_mistake.py misrule RULE OTHER
                                           its loader reports the rule behind each status (the
                                           reply's `rule`), but names OTHER where RULE refused
@@ -31,7 +33,18 @@ REF = ReferenceBackend()
 SESSIONS: dict[int, Forward] = {}
 
 
+def _known_names() -> set[str]:
+    from mlconf import fixtures
+
+    return {f.file.rsplit("/", 1)[-1] for f in fixtures.catalog()}
+
+
+KNOWN = _known_names() if MISTAKE[:1] == ["by_name"] else set()
+
+
 def load(req: dict) -> dict:
+    if MISTAKE[0] == "by_name" and req["path"].rsplit("/", 1)[-1] not in KNOWN:
+        return {"status": "ML_OK", "reason": "a file it has not seen"}
     res = REF.load(req["path"])
     if MISTAKE[0] == "rule" and res.rule == MISTAKE[1]:
         return {"status": "ML_OK", "reason": f"rule {res.rule} is not checked here"}
