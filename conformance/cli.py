@@ -456,7 +456,7 @@ def cmd_run(args) -> int:
                     raise UsageError(f"--target-version {args.target_version}: {e}") from None
     total = sum(1 for b in backends for c in selected if c.params.get("expected_from") != b.name)
     progress = Progress(total, gate)
-    stop_on = (lambda r: records.failing(r.outcome, gate, r.capability, r.claims)) if args.fail_fast else None
+    stop_on = (lambda r: _fails(r, gate, entries)) if args.fail_fast else None
     try:
         results = runner.run(selected, backends, progress=progress, jobs=args.jobs, stop_on=stop_on)
     except RuntimeError as e:  # --jobs: a runner process died (its traceback is on stderr)
@@ -507,6 +507,20 @@ def cmd_run(args) -> int:
     print(f"\n{len(results)} case runs on {len(backends)} backend(s); {n_fail} {what}{stopped}; {wall:.1f} s")
     print(f"reports: {', '.join(str(p) for p in written)}")
     return exits.FAILED if n_fail else exits.OK
+
+
+def _fails(res, gate, entries: list[dict]) -> bool:
+    """Whether a result fails the run, under the expectations file's entries (a flaky one is
+    decided after its reruns, so it does not stop a --fail-fast run)."""
+    from mlconf import expectations, records
+
+    i = expectations.entry_for(entries, res.case, res.backend) if entries else None
+    if i is None:
+        return records.failing(res.outcome, gate, res.capability, res.claims)
+    if entries[i]["expect"] == "flaky":
+        return False
+    v = expectations.verdict(entries[i], res.outcome, [])
+    return v is not None and expectations.fails(v)
 
 
 def _flaky_reruns(results, entries, selected, backends, jobs) -> dict[tuple[str, str], list[str]]:

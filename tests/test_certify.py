@@ -431,3 +431,12 @@ def test_the_audit_runs_fresh_inputs_against_the_reference():
     rec = {"case": name, "outcome": "pass", "compare": "toleranced", "output_sha256": None}
     a = certify.audit(cli._backend("native"), "current", [rec], seed=3)
     assert a["cases"] == [name] and a["outcomes"] == {name: "pass"} and a["mismatches"] == []
+
+
+def test_fail_fast_does_not_stop_at_an_expected_failure(tmp_path):
+    base = ["run", "-b", ONE_MISTAKE, "-k", "loader/format.magic or header/q8_min", "--fail-fast"]
+    assert cli.main([*base, "--report", str(tmp_path / "a")]) == 1
+    assert len(reports.load(tmp_path / "a" / "results.json")["records"]) < 4  # stopped at the first
+    exp = str(_expect_file(tmp_path, MAGIC_FAILS))
+    assert cli.main([*base, "--report", str(tmp_path / "b"), "--expect", exp]) == 0
+    assert len(reports.load(tmp_path / "b" / "results.json")["records"]) == 4
