@@ -1,7 +1,7 @@
 """Expectations files (``mlconf run --expect FILE``, issue 37): a runtime's recorded departures.
 
 A YAML file valid against specs/expectations.schema.json lists entries ``{cases, backend?, expect,
-reruns?, reason, link?}``; the first entry whose ``cases`` (an id or fnmatch pattern) and
+reruns?, reason, link?}``; the first entry whose ``cases`` (an id or fnmatch pattern, or a list of them) and
 ``backend`` match a record applies to it. Its verdict (the record's ``expectation``):
   expected OUTCOME   the outcome is the one expected (fail, error, crash, timeout, unsupported):
                      it does not fail the run;
@@ -60,7 +60,10 @@ def check(doc, where: str) -> list[dict]:
 def entry_for(entries: list[dict], case: str, backend: str) -> int | None:
     """The index of the first entry matching a case id and backend name, or None."""
     for i, e in enumerate(entries):
-        if fnmatch.fnmatchcase(case, e["cases"]) and fnmatch.fnmatchcase(backend, e.get("backend", "*")):
+        pats = [e["cases"]] if isinstance(e["cases"], str) else e["cases"]
+        if any(fnmatch.fnmatchcase(case, p) for p in pats) and fnmatch.fnmatchcase(
+            backend, e.get("backend", "*")
+        ):
             return i
     return None
 

@@ -407,30 +407,20 @@ def test_certify_allows_only_its_options(tmp_path):
     assert not (tmp_path / "p.tar.gz").exists()
 
 
-def test_disguise_renames_files_and_draws_fresh_inputs(tmp_path):
+def test_disguise_renames_files_only(tmp_path):
     import random
 
     from mlconf import cases
 
     c = next(c for c in cases.collect(["forward"]) if c.id.endswith("/vs_reference") and "long" not in c.id)
-    rng = random.Random(7)
-    d = certify._disguise(c, certify._renamer(tmp_path, rng), rng)
-    assert d.id == c.id + "/audit" and d.params["model"].parent == tmp_path
+    d = certify._disguise(c, certify._renamer(tmp_path, random.Random(7)))
     assert (
-        d.params["model"].read_bytes() == c.params["model"].read_bytes()
+        d.id == c.id
+        and d.params["model"].parent == tmp_path
         and d.params["model"].name != c.params["model"].name
     )
-    assert sorted(d.params["tokens"]) == sorted(c.params["tokens"]) and list(d.params["tokens"]) != list(
-        c.params["tokens"]
-    )
-
-
-@needs_native
-def test_the_audit_runs_fresh_inputs_against_the_reference():
-    name = "forward/qwen3_qk_norm_f16/vs_reference"
-    rec = {"case": name, "outcome": "pass", "compare": "toleranced", "output_sha256": None}
-    a = certify.audit(cli._backend("native"), "current", [rec], seed=3)
-    assert a["cases"] == [name] and a["outcomes"] == {name: "pass"} and a["mismatches"] == []
+    assert d.params["model"].read_bytes() == c.params["model"].read_bytes()
+    assert list(d.params["tokens"]) == list(c.params["tokens"])
 
 
 def test_fail_fast_does_not_stop_at_an_expected_failure(tmp_path):
