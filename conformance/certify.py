@@ -58,8 +58,8 @@ class CertifyError(Exception):
 def library_files(backend) -> list[Path]:
     """The shared libraries a backend runs: lib_path (native, bitnet, lib:), llama.cpp's
     libllama.so and libggml*.so; none for an in-process Python backend."""
-    if getattr(backend, "lib_path", None):
-        return [Path(backend.lib_path).resolve()]
+    if getattr(backend, "lib_path", None):  # a command (native:neon's qemu-user line) names no file
+        return [Path(backend.lib_path).resolve()] if Path(backend.lib_path).is_file() else []
     argv = list(getattr(backend, "argv", []) or [])
     if "mlconf.backends.llama_cpp.program" in argv:
         if "--lib" in argv:
