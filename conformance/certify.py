@@ -202,7 +202,10 @@ def certify(
         files = {n: (Path(tmp) / n).read_bytes() for n in REPORT_FILES if (Path(tmp) / n).is_file()}
     import secrets
 
-    checked = audit(b, version, json.loads(files["results.json"])["records"], secrets.randbits(32))
+    try:
+        checked = audit(b, version, json.loads(files["results.json"])["records"], secrets.randbits(32))
+    finally:
+        getattr(b, "close", lambda: None)()  # its worker process
     for m in checked["mismatches"]:
         print(f"mlconf: audit: {m}", file=sys.stderr)
     if checked["mismatches"] and code == 0:
