@@ -24,6 +24,7 @@ CAPABILITIES = {
     "sum int32); i2s_matmul(payload, shape, x) -> y f32",
     "embed": "BitNet GGUF embeddings: open_embedder(path, reading) -> session; "
     "session.embed(tokens, pooling, normalize) -> (dim,) f32",
+    "load_gguf": "validate a BitNet embedding GGUF (specs/gguf.yaml): load_gguf(path) -> LoadResult",
 }
 # Variants a runtime may claim one by one (`--require quantize_q4_0.round`): a case's unsupported
 # outcome fails the gate when the gate holds its capability, or every variant the case needs.
@@ -123,6 +124,9 @@ class Backend(Protocol):
     # -- "embed"; a GGUF the backend refuses raises InputError with the reason; a reading the
     # backend cannot do raises Unsupported
     def open_embedder(self, path: str, reading: str | None = None) -> EmbedderSession: ...
+
+    # -- "load_gguf": the status (and rule, when the backend names it) of a GGUF's first broken rule
+    def load_gguf(self, path: str) -> LoadResult: ...
 
 
 class TokenizerSession(Protocol):

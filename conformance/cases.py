@@ -2,7 +2,8 @@
 
 A Case names the capability it needs, the spec row it comes from and its expectation. Areas:
   header  valid fixtures of specs/mlb_fixtures.yaml: the loader must accept them
-  loader  malformed and edge fixtures of specs/mlb_errors.yaml: the status the spec gives
+  loader  malformed and edge fixtures of specs/mlb_errors.yaml, and of specs/gguf.yaml (GGUF
+          readers: the hostile-file classes): the status and rule the spec gives
   quant   hand-derived edge vectors of specs/quant.yaml and the gguf-py golden (bit-exact)
   forward golden/logits: transformers' logits of converted tiny models, within
           specs/tolerances.yaml logits_runtime_vs_oracle, prefilled and decoded token by token
@@ -49,6 +50,12 @@ def _fixture_cases(target: specs.Version | None = None) -> list[Case]:
     that version (versions.expected, derived by the runner from each file's bytes)."""
     out = []
     for f in fixtures.catalog():
+        if f.file.startswith("gguf/"):
+            name = f.file.rsplit("/", 1)[-1].removesuffix(".gguf")
+            row = f"gguf.yaml#{f.rule or f.kind}" + ("" if f.rule else f".{name}")
+            cid = f"loader/gguf/{f.rule or f.kind}/{name}"
+            out.append(Case(cid, "loader", "load_gguf", row, "status", {"fixture": f}, f.expected))
+            continue
         if f.file.startswith("tokenizer/"):
             name = f.file.rsplit("/", 1)[-1].removesuffix(".mlt")
             row = f"mlt.yaml#{f.rule}" if f.rule else f"mlconf/mlt_fixtures.py#{f.base}"

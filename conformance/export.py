@@ -121,6 +121,13 @@ class Exporter:
                 "inputs": {"path": path},
                 "expect": {"compare": "status", "status": case.expected, "rule": fx.rule},
             }
+        if case.capability == "load_gguf":  # ml_embed_check_rule when exported, else load and free
+            return {
+                "op": "ml_embed_load",
+                "args": {},
+                "inputs": {"path": path},
+                "expect": {"compare": "status", "status": case.expected, "rule": fx.rule},
+            }
         return {
             "op": "ml_check",
             "args": {},

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlconf import byte_ops, mlt_fixtures, specs, versions
+from mlconf import byte_ops, gguf_fixtures, mlt_fixtures, specs, versions
 from mlconf.backends.reference import layout
 from mlconf.tools import mlb
 from mlconf.tools.files import atomic_write, replacing
@@ -244,7 +244,7 @@ def catalog() -> list[Fixture]:
         out.append(
             Fixture(f"accepted/{c['name']}.mlb", "accepted", "ML_OK", [c["why"]], "", c["base"], c["mutate"])
         )
-    return out + mlt_fixtures.catalog()
+    return out + mlt_fixtures.catalog() + gguf_fixtures.catalog()
 
 
 def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fixture]:
@@ -265,12 +265,13 @@ def generate(outdir: str | os.PathLike, only: set[str] | None = None) -> list[Fi
     for f in fixtures:
         target = out / f.file
         target.parent.mkdir(parents=True, exist_ok=True)
-        if f.kind == "valid" and not f.file.startswith("tokenizer/"):
+        if f.kind == "valid" and f.file.startswith("valid/"):
             base_bytes(f.base)
             continue
         pk = _path_kind(f.mutate)
-        if pk is None and f.file.startswith("tokenizer/"):
-            atomic_write(target, [mlt_fixtures.content(f)])
+        if pk is None and f.file.startswith(("tokenizer/", "gguf/")):
+            own = mlt_fixtures if f.file.startswith("tokenizer/") else gguf_fixtures
+            atomic_write(target, [own.content(f)])
             continue
         if pk is not None:
             make_special(target, pk)

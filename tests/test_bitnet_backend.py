@@ -56,8 +56,9 @@ def each_isa(request):
 
 # ---------------------------------------------------------------- capabilities and names
 def test_capabilities_come_from_the_exported_symbols(bitnet):
-    assert bitnet.capabilities == {"i2s", "embed"}, {c: bitnet.unsupported.get(c) for c in ("i2s", "embed")}
-    assert set(abi.CAPABILITY_SYMBOLS["i2s"] + abi.CAPABILITY_SYMBOLS["embed"]) <= bitnet.symbols
+    have = ("i2s", "embed", "load_gguf")
+    assert bitnet.capabilities == set(have), {c: bitnet.unsupported.get(c) for c in have}
+    assert {s for c in have for s in abi.CAPABILITY_SYMBOLS[c]} | {"ml_embed_check_rule"} <= bitnet.symbols
     for c in ("load", "forward", "encode", "quantize_q8_0"):
         assert "does not export" in bitnet.unsupported[c]
     assert bitnet.version.startswith("mlbitnet")

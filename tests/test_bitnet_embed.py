@@ -400,16 +400,17 @@ def _edit_cases(models) -> list[tuple[str, Path, list, int, list[str]]]:
         (
             "tensor_type_q8_0",
             q32,
-            [(up["type"], struct.pack("<I", 8))],
+            [(up["type"], struct.pack("<I", 8))],  # Q8_0's size puts the next tensor off its place
             ML_E_FORMAT,
-            ["blk.0.ffn_up.weight", "type 8"],
+            ["blk.0.ffn_down.weight", "gguf.tensor.layout"],
         ),
         (
             "projection_type_i2s_for_norm",
             qi2,
+            # I2_S's size puts the next tensor off its place
             [(_info(bi2, "blk.0.attn_norm.weight")["type"], struct.pack("<I", 36))],
             ML_E_FORMAT,
-            ["blk.0.attn_norm.weight", "I2_S"],
+            ["blk.0.attn_q.weight", "gguf.tensor.layout"],
         ),
         (
             "missing_tensor",
@@ -464,9 +465,9 @@ def _edit_cases(models) -> list[tuple[str, Path, list, int, list[str]]]:
         (
             "norm_shape",
             q32,
-            [(norm["dims"], struct.pack("<Q", 64))],
-            ML_E_SHAPE,
-            ["blk.0.attn_norm.weight", "[64]", "[128]"],
+            [(norm["dims"], struct.pack("<Q", 64))],  # a shorter norm: the next tensor is off its place
+            ML_E_FORMAT,
+            ["blk.0.attn_q.weight", "gguf.tensor.layout"],
         ),
         (
             "i2s_shape",
@@ -509,12 +510,12 @@ def _edit_cases(models) -> list[tuple[str, Path, list, int, list[str]]]:
             q32,
             [(_info(b32, "blk.0.attn_k.weight")["name"] + len("blk.0.attn_"), b"q")],
             ML_E_FORMAT,
-            ["duplicate tensor blk.0.attn_q.weight"],
+            ["tensor blk.0.attn_q.weight occurs twice", "gguf.duplicate_tensor"],
         ),
         ("version_1", q32, [(4, struct.pack("<I", 1))], ML_E_FORMAT, ["version 1"]),
         ("bad_magic", q32, [(0, b"GGUX")], ML_E_FORMAT, ["magic"]),
-        ("huge_kv_count", q32, [(16, struct.pack("<Q", 2**62))], ML_E_FORMAT, ["kv count"]),
-        ("huge_tensor_count", q32, [(8, struct.pack("<Q", 2**63))], ML_E_FORMAT, ["tensor count"]),
+        ("huge_kv_count", q32, [(16, struct.pack("<Q", 2**62))], ML_E_FORMAT, ["kv pairs", "gguf.counts"]),
+        ("huge_tensor_count", q32, [(8, struct.pack("<Q", 2**63))], ML_E_FORMAT, ["gguf.counts"]),
         (
             "huge_string_length",
             q32,
@@ -528,7 +529,7 @@ def _edit_cases(models) -> list[tuple[str, Path, list, int, list[str]]]:
             q32,
             [(norm["dims"], struct.pack("<Q", 2**62))],
             ML_E_FORMAT,
-            ["blk.0.attn_norm.weight", "truncated"],
+            ["blk.0.attn_norm.weight", "gguf.tensor.size"],
         ),
         ("unaligned_offset", q32, [(norm["offset"], struct.pack("<Q", 4))], ML_E_FORMAT, ["alignment"]),
         (
@@ -536,7 +537,7 @@ def _edit_cases(models) -> list[tuple[str, Path, list, int, list[str]]]:
             q16,
             [(_info(b16, "output_norm.weight")["offset"], struct.pack("<Q", (len(b16) // 32 + 1) * 32))],
             ML_E_FORMAT,
-            ["output_norm.weight", "truncated"],
+            ["output_norm.weight", "gguf.tensor.layout"],
         ),
         (
             "unknown_value_type",

@@ -58,6 +58,7 @@ int ml_i2s_matmul(const uint8_t *payload, size_t rows, size_t cols, const float 
 #define ML_POOL_LAST 3
 typedef struct ml_embedder ml_embedder;
 int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *reason, size_t reason_len);
+int ml_embed_check_rule(const char *path, char *rule, size_t rule_len, char *reason, size_t reason_len);
 #define ML_READ_MODEL 0
 #define ML_READ_FLOAT 1
 #define ML_READ_TERNARY 2
@@ -97,6 +98,7 @@ FUNCTIONS = (
     "ml_i2s_quantize_act",
     "ml_i2s_matmul",
     "ml_embed_load",
+    "ml_embed_check_rule",
     "ml_embed_load_reading",
     "ml_embed_free",
     "ml_embed_dim",
@@ -126,6 +128,7 @@ CAPABILITY_SYMBOLS: dict[str, tuple[str, ...]] = {
     "encode": ("ml_tok_load", "ml_tok_free", "ml_tok_encode", "ml_tok_decode"),
     "i2s": ("ml_i2s_quantize", "ml_i2s_quantize_act", "ml_i2s_matmul"),
     "embed": ("ml_embed_load", "ml_embed_free", "ml_embed_dim", "ml_embed_vocab", "ml_embed"),
+    "load_gguf": ("ml_embed_load", "ml_embed_free"),
 }
 
 # The functions no capability needs: used when a library exports them (README "Implementing the C ABI")
@@ -135,7 +138,7 @@ OPTIONAL = tuple(sorted(set(FUNCTIONS) - {s for syms in CAPABILITY_SYMBOLS.value
 READING_CODES = {None: 0, "float": 1, "ternary": 2}
 
 REASON_LEN = 1024  # bytes of the reason buffers given to ml_check, ml_load and ml_tok_load
-RULE_LEN = 128  # bytes of the rule buffers of ml_check_rule and ml_tok_check_rule
+RULE_LEN = 128  # bytes of the rule buffers of ml_check_rule, ml_tok_check_rule and ml_embed_check_rule
 
 
 def status_name(code: int) -> str:

@@ -280,6 +280,13 @@ class LibraryBackend:
         return y.reshape(*x.shape[:-1], rows)
 
     # -- BitNet GGUF embeddings
+    def load_gguf(self, path: str) -> LoadResult:
+        self._need("load_gguf")
+        st, reason, rule = self._path_call(f"load_gguf({str(path)!r})", "embed_check", path)
+        if st == abi.ML_E_UNSUPPORTED:
+            raise Unsupported(reason or "ml_embed_load returned ML_E_UNSUPPORTED")
+        return LoadResult(abi.status_name(st), reason, rule)
+
     def open_embedder(self, path: str, reading: str | None = None) -> EmbedderSession:
         """The library's embedder of a GGUF in ``reading`` (None: the file's own, ml_embed_load;
         "float" / "ternary": ml_embed_load_reading, Unsupported when the library lacks it)."""

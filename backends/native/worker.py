@@ -290,6 +290,19 @@ class _Server:
         e = out[0]
         return st, self._keep(e), self._text(reason), self.lib.ml_embed_dim(e), self.lib.ml_embed_vocab(e)
 
+    def embed_check(self, path: str) -> tuple[int, str, str | None]:
+        """As check, for BitNet GGUFs (ml_embed_check_rule, else ml_embed_load then free)."""
+        if "ml_embed_check_rule" in self.symbols:
+            reason, rule = self._reason(), self.ffi.new("char[]", self.abi.RULE_LEN)
+            st = self.lib.ml_embed_check_rule(
+                os.fsencode(path), rule, self.abi.RULE_LEN, reason, self.abi.REASON_LEN
+            )
+            return st, self._text(reason), self._text(rule)
+        st, h, reason, _, _ = self.embed_load(path, 1)
+        if h is not None:
+            self.embed_free(h)
+        return st, reason, None
+
     def embed(self, h: int, tokens, pooling: int, normalize: int) -> tuple[int, Any]:
         np, ffi, e = self.np, self.ffi, self.objects[h]
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)

@@ -12,7 +12,17 @@ from . import i2s, loader, quant
 class ReferenceBackend:
     name = "reference"
     capabilities = frozenset(
-        {"load", "quantize_q8_0", "quantize_q4_0", "forward", "load_tokenizer", "encode", "i2s", "embed"}
+        {
+            "load",
+            "quantize_q8_0",
+            "quantize_q4_0",
+            "forward",
+            "load_tokenizer",
+            "encode",
+            "i2s",
+            "embed",
+            "load_gguf",
+        }
     )
     description = "the NumPy reference (backends/reference), in-process"
 
@@ -96,6 +106,11 @@ class ReferenceBackend:
         return y.reshape(*x.shape[:-1], rows)
 
     # -- BitNet GGUF embeddings
+    def load_gguf(self, path: str) -> LoadResult:
+        from . import gguf_model
+
+        return gguf_model.load(path)
+
     def open_embedder(self, path: str, reading: str | None = None) -> Embedder:
         """The reference embedder of a GGUF (reference/bitnet.py) in ``reading`` (None: the
         file's own; float semantics: float); a refused file or reading raises InputError."""

@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlconf.backends.base import NumericError
-from mlconf.backends.reference import i2s, portable
+from mlconf.backends.reference import gguf_model, i2s, portable
 from mlconf.backends.reference.forward import gelu_tanh, rmsnorm, silu
+from mlconf.backends.reference.gguf_file import GgufError
 
 F32 = np.float32
 POOLINGS = (None, "mean", "cls", "last")
@@ -108,16 +109,20 @@ def load_gguf(path) -> BitnetModel:
     import gguf
 
     from mlconf.tools.convert_bitnet import register_i2s
-    from mlconf.tools.files import check_regular
+    from mlconf.tools.files import check_regular, read_regular
 
     why = check_regular(path)  # gguf-py maps the path: a FIFO would block (loader.special_files)
     if why:
         raise BitnetError(f"{path}: cannot open: {why}")
+    try:  # every rule of specs/gguf.yaml first: gguf-py then reads a file known good
+        gguf_model.check_bytes(read_regular(path))
+    except GgufError as e:
+        raise BitnetError(f"{path}: {e.reason} [{e.rule}]") from None
+    except OSError as e:
+        raise BitnetError(f"{path}: cannot open: {e}") from None
     i2s_type = register_i2s()
     r = gguf.GGUFReader(str(path))
     arch = _field(r, "general.architecture")
-    if arch not in ("qwen3", "gemma3"):
-        raise BitnetError(f"{path}: architecture {arch!r} is not qwen3 or gemma3")
     k = lambda s, d=None: _field(r, f"{arch}.{s}", d)  # noqa: E731
     dim = int(k("embedding_length"))
     n_heads = int(k("attention.head_count"))
@@ -142,22 +147,10 @@ def load_gguf(path) -> BitnetModel:
             cols, rows = int(t.shape[0]), int(t.shape[1])
             n = rows * cols // 4 + i2s.TAIL
             data = bytes(r.data[t.data_offset : t.data_offset + n])
-            try:
-                d = i2s.split_payload(data, (rows, cols))[1]
-                w = i2s.dequantize(data, (rows, cols))
-            except i2s.I2SError as e:
-                raise BitnetError(f"{path}: tensor {name}: {e}") from None
-            if not math.isfinite(d):
-                raise BitnetError(f"{path}: tensor {name}: I2_S scale {d!r} is not finite")
+            w = i2s.dequantize(data, (rows, cols))
             m.linears[name.removesuffix(".weight")] = Linear((rows, cols), w, data, i2s=True)
-        elif t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        else:  # F32 or F16 (gguf_model checked the types, shapes and values)
             a = np.array(t.data, dtype=F32)
-            bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
-            if bad.size:
-                raise BitnetError(
-                    f"{path}: tensor {name}: non-finite value {a.reshape(-1)[bad[0]]} at "
-                    f"flat index {int(bad[0])}"
-                )
             base = name.removesuffix(".weight")
             if a.ndim == 2 and base.split(".")[-1] in PROJ:
                 m.linears[base] = Linear(
@@ -165,17 +158,7 @@ def load_gguf(path) -> BitnetModel:
                 )
             else:
                 m.tensors[name] = a
-        else:
-            raise BitnetError(f"{path}: tensor {name} has unsupported type {t.tensor_type!r}")
-    # the per-projection norms: every one (a student) or none (a teacher), never some
-    wanted = [f"{b}_norm_in.weight" for b in m.linears]
-    have = [w for w in wanted if w in m.tensors]
-    if have and len(have) < len(wanted):
-        missing = next(w for w in wanted if w not in m.tensors)
-        raise BitnetError(
-            f"{path}: missing tensor {missing}: a BitNet GGUF has a per-projection norm "
-            "for every projection or none"
-        )
+    have = [b for b in m.linears if f"{b}_norm_in.weight" in m.tensors]  # all or none (bitnet.norm_in)
     m.norm_in = bool(have)
     return m
 

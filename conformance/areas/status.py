@@ -1,8 +1,9 @@
-"""The status cases (header, loader, and the tokenizer loader): the status a backend's load or
-load_tokenizer gives a file, against the catalogue's (or, with --target-version, what a runtime of
-that version must say). A backend that reports the rule behind its status (ml_check_rule,
-ml_tok_check_rule, the reference, a program's `rule`) must also name the case's rule: the right
-status by another rule is a misparse and fails; one that does not is judged by status only."""
+"""The status cases (header, loader, the GGUF loader and the tokenizer loader): the status a
+backend's load, load_gguf or load_tokenizer gives a file, against the catalogue's (or, with
+--target-version, what a runtime of that version must say of an .mlb). A backend that reports the
+rule behind its status (ml_check_rule, ml_tok_check_rule, ml_embed_check_rule, the reference, a
+program's `rule`) must also name the case's rule: the right status by another rule is a misparse
+and fails; one that does not is judged by status only."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def run(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
     if case.capability == "load_tokenizer":
         vocab = fx.model_vocab if fx is not None else case.params.get("model_vocab")
         got = backend.load_tokenizer(path, model_vocab=vocab)
+    elif case.capability == "load_gguf":
+        got = backend.load_gguf(path)
     else:
         got = backend.load(path)
     r.got = got.status
@@ -64,7 +67,7 @@ def run(case: Case, backend: Backend, work: Workdir, r: Result) -> None:
 def _rule_text(capability: str, rule: str) -> str:
     """The spec's sentence of a rule id (mlb_errors.yaml `seed`, mlt.yaml `meaning`) and its
     decision id, as one clause."""
-    doc = specs.load("mlt" if capability == "load_tokenizer" else "mlb_errors")
+    doc = specs.load({"load_tokenizer": "mlt", "load_gguf": "gguf"}.get(capability, "mlb_errors"))
     r = next((r for r in doc["rules"] if r["id"] == rule), None)
     if r is None:
         return ""
@@ -84,6 +87,10 @@ def _the_rule(case: Case, rule: str | None, path: str, work: Workdir) -> str:
 
     if case.capability == "load_tokenizer":
         ref = mlt.load(path, fx.model_vocab)
+    elif case.capability == "load_gguf":
+        from mlconf.backends.reference import gguf_model
+
+        ref = gguf_model.load(path)
     else:
         ref = loader.load(path, case.params.get("target_version"))
     if not rule:

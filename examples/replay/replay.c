@@ -49,6 +49,7 @@ typedef struct {
     int (*i2s_quantize_act)(const float *, size_t, size_t, int8_t *, float *, int32_t *);
     int (*i2s_matmul)(const uint8_t *, size_t, size_t, const float *, size_t, float *);
     int (*embed_load)(const char *, int32_t, ml_embedder **, char *, size_t);
+    int (*embed_check_rule)(const char *, char *, size_t, char *, size_t);
     int (*embed_load_reading)(const char *, int32_t, int32_t, ml_embedder **, char *, size_t);
     void (*embed_free)(ml_embedder *);
     int32_t (*embed_dim)(const ml_embedder *);
@@ -76,6 +77,7 @@ static lib_t open_lib(void *h) {
     *(void **)&L.i2s_quantize_act = sym(h, "ml_i2s_quantize_act");
     *(void **)&L.i2s_matmul = sym(h, "ml_i2s_matmul");
     *(void **)&L.embed_load = sym(h, "ml_embed_load");
+    *(void **)&L.embed_check_rule = sym(h, "ml_embed_check_rule");
     *(void **)&L.embed_load_reading = sym(h, "ml_embed_load_reading");
     *(void **)&L.embed_free = sym(h, "ml_embed_free");
     *(void **)&L.embed_dim = sym(h, "ml_embed_dim");
@@ -339,6 +341,15 @@ static int op_status(const lib_t *L, const char *dir, const case_t *c) {
         } else {
             NEED(L->check);
             st = L->check(r.path, reason, sizeof reason);
+        }
+    } else if (strcmp(c->op, "ml_embed_load") == 0) { /* a GGUF loader case */
+        if (L->embed_check_rule) {
+            st = L->embed_check_rule(r.path, rule, sizeof rule, reason, sizeof reason), has_rule = 1;
+        } else {
+            NEED(L->embed_load);
+            ml_embedder *e = NULL;
+            st = L->embed_load(r.path, 1, &e, reason, sizeof reason);
+            if (e && L->embed_free) L->embed_free(e);
         }
     } else if (L->tok_check_rule) {
         st = L->tok_check_rule(r.path, (int32_t)arg(c, "model_vocab"), rule, sizeof rule, reason, sizeof reason);

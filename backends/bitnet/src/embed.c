@@ -117,16 +117,23 @@ typedef struct {
     size_t reason_len;
     ml_embedder *e;
     char arch[16];
+    const char *rule; /* the rule of the refusal */
 } loader;
 
-__attribute__((format(printf, 3, 4)))
-static int fail(const loader *L, int status, const char *fmt, ...) {
+/* A refusal: the status, the rule of specs/gguf.yaml ("" for none: out of memory, a bad argument)
+ * and the reason, which names the file, the key or tensor and the value. */
+__attribute__((format(printf, 4, 5)))
+static int fail(loader *L, int status, const char *rule, const char *fmt, ...) {
     char what[384];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    ml_reason(L->reason, L->reason_len, "%s: %s", L->path, what);
+    if (*rule)
+        ml_reason(L->reason, L->reason_len, "%s: %s [%s]", L->path, what, rule);
+    else
+        ml_reason(L->reason, L->reason_len, "%s: %s", L->path, what);
+    L->rule = rule;
     return status;
 }
 
@@ -141,39 +148,39 @@ static const char *type_name(uint32_t t) {
 
 /* An integer key "<arch>.<suffix>": ML_OK with *out; a missing key gives def (def_ok) or
  * ML_E_FORMAT; a value outside [lo, hi] ML_E_SHAPE. */
-static int key_int(const loader *L, const char *suffix, int def_ok, int64_t def, int64_t lo, int64_t hi,
+static int key_int(loader *L, const char *suffix, int def_ok, int64_t def, int64_t lo, int64_t hi,
                    int64_t *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
     const gguf_kv *kv = gguf_find_kv(&L->e->g, key);
     if (!kv) {
-        if (!def_ok) return fail(L, ML_E_FORMAT, "missing key %s", key);
+        if (!def_ok) return fail(L, ML_E_FORMAT, "bitnet.key", "missing key %s", key);
         *out = def;
     } else if (!gguf_kv_int(kv, out)) {
-        return fail(L, ML_E_FORMAT, "key %s has type %s, an integer is required", key, gguf_type_name(kv->type));
+        return fail(L, ML_E_FORMAT, "bitnet.key", "key %s has type %s, an integer is required", key, gguf_type_name(kv->type));
     }
     if (*out < lo || *out > hi)
-        return fail(L, ML_E_SHAPE, "key %s = %" PRId64 " is outside [%" PRId64 ", %" PRId64 "]", key, *out, lo, hi);
+        return fail(L, ML_E_SHAPE, "bitnet.key_range", "key %s = %" PRId64 " is outside [%" PRId64 ", %" PRId64 "]", key, *out, lo, hi);
     return ML_OK;
 }
 
 /* A float key (f32/f64, or an integer): *present 0 when missing and not required. Non-finite or
  * negative values are refused (ML_E_FORMAT). */
-static int key_float(const loader *L, const char *suffix, int required, double *out, int *present) {
+static int key_float(loader *L, const char *suffix, int required, double *out, int *present) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
     const gguf_kv *kv = gguf_find_kv(&L->e->g, key);
     *present = kv != NULL;
-    if (!kv) return required ? fail(L, ML_E_FORMAT, "missing key %s", key) : ML_OK;
+    if (!kv) return required ? fail(L, ML_E_FORMAT, "bitnet.key", "missing key %s", key) : ML_OK;
     int64_t i;
     if (gguf_kv_float(kv, out)) {
     } else if (gguf_kv_int(kv, &i)) {
         *out = (double)i;
     } else {
-        return fail(L, ML_E_FORMAT, "key %s has type %s, a number is required", key, gguf_type_name(kv->type));
+        return fail(L, ML_E_FORMAT, "bitnet.key", "key %s has type %s, a number is required", key, gguf_type_name(kv->type));
     }
     if (!isfinite(*out) || *out < 0)
-        return fail(L, ML_E_FORMAT, "key %s = %g is not a finite non-negative number", key, *out);
+        return fail(L, ML_E_FORMAT, "bitnet.key_value", "key %s = %g is not a finite non-negative number", key, *out);
     return ML_OK;
 }
 
@@ -181,9 +188,9 @@ static int hparams(loader *L) {
     ml_embedder *e = L->e;
     const gguf_kv *kv = gguf_find_kv(&e->g, "general.architecture");
     gguf_str a;
-    if (!kv) return fail(L, ML_E_FORMAT, "missing key general.architecture");
+    if (!kv) return fail(L, ML_E_FORMAT, "bitnet.arch", "missing key general.architecture");
     if (!gguf_kv_string(kv, &a))
-        return fail(L, ML_E_FORMAT, "key general.architecture has type %s, a string is required",
+        return fail(L, ML_E_FORMAT, "bitnet.arch", "key general.architecture has type %s, a string is required",
                     gguf_type_name(kv->type));
     if (gguf_str_eq(a, "qwen3")) {
         strcpy(L->arch, "qwen3");
@@ -191,7 +198,7 @@ static int hparams(loader *L) {
         strcpy(L->arch, "gemma3");
         e->gemma = 1;
     } else {
-        return fail(L, ML_E_FORMAT, "general.architecture \"%.*s\" is not supported (qwen3 or gemma3)",
+        return fail(L, ML_E_FORMAT, "bitnet.arch", "general.architecture \"%.*s\" is not supported (qwen3 or gemma3)",
                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
     }
     int64_t dim, nl, nh, nkv, hd, vl, ff, pool, win = 0;
@@ -206,18 +213,18 @@ static int hparams(loader *L) {
         (rc = key_int(L, "pooling_type", 1, 0, INT32_MIN, INT32_MAX, &pool)))
         return rc;
     if (nh % nkv)
-        return fail(L, ML_E_SHAPE, "%s.attention.head_count %" PRId64 " is not a multiple of head_count_kv %" PRId64,
+        return fail(L, ML_E_SHAPE, "bitnet.hparams", "%s.attention.head_count %" PRId64 " is not a multiple of head_count_kv %" PRId64,
                     L->arch, nh, nkv);
-    if (hd % 2) return fail(L, ML_E_SHAPE, "%s.attention.key_length %" PRId64 " is odd (rotate-half RoPE)", L->arch, hd);
+    if (hd % 2) return fail(L, ML_E_SHAPE, "bitnet.hparams", "%s.attention.key_length %" PRId64 " is odd (rotate-half RoPE)", L->arch, hd);
     if (nh * hd > LIMIT_DIM)
-        return fail(L, ML_E_SHAPE, "head_count x key_length = %" PRId64 " exceeds %d", nh * hd, LIMIT_DIM);
+        return fail(L, ML_E_SHAPE, "bitnet.hparams", "head_count x key_length = %" PRId64 " exceeds %d", nh * hd, LIMIT_DIM);
     double eps, base, base_swa = 0, qpas = 0;
     int has, has_swa = 0, has_qpas = 0;
     if ((rc = key_float(L, "attention.layer_norm_rms_epsilon", 1, &eps, &has)) ||
         (rc = key_float(L, "rope.freq_base", 0, &base, &has)))
         return rc;
     if (!has) base = 10000.0;
-    if (!(base > 0)) return fail(L, ML_E_FORMAT, "key %s.rope.freq_base = %g: a RoPE base must be positive", L->arch, base);
+    if (!(base > 0)) return fail(L, ML_E_FORMAT, "bitnet.key_value", "key %s.rope.freq_base = %g: a RoPE base must be positive", L->arch, base);
     const gguf_kv *pat = NULL;
     if (e->gemma) {
         if ((rc = key_float(L, "rope.freq_base_swa", 0, &base_swa, &has_swa)) ||
@@ -229,9 +236,9 @@ static int hparams(loader *L) {
         pat = gguf_find_kv(&e->g, key);
         int64_t v;
         if (pat && (pat->type != GGUF_V_ARRAY || (pat->arr_n > 0 && !gguf_kv_array_int(pat, 0, &v))))
-            return fail(L, ML_E_FORMAT, "key %s must be an array of bool", key);
+            return fail(L, ML_E_FORMAT, "bitnet.key", "key %s must be an array of bool", key);
         if (pat && pat->arr_n < (uint64_t)nl)
-            return fail(L, ML_E_FORMAT, "key %s has %" PRIu64 " entries, block_count is %" PRId64, key, pat->arr_n, nl);
+            return fail(L, ML_E_FORMAT, "bitnet.key", "key %s has %" PRIu64 " entries, block_count is %" PRId64, key, pat->arr_n, nl);
     }
     e->dim = (int32_t)dim, e->n_layers = (int32_t)nl, e->n_heads = (int32_t)nh, e->n_kv = (int32_t)nkv;
     e->hd = (int32_t)hd, e->ff = (int32_t)ff, e->window = (int32_t)win;
@@ -242,7 +249,7 @@ static int hparams(loader *L) {
     e->attn_scale = (float)(1.0 / sqrt(sv));
     e->embd_scale = (float)sqrt((double)dim);
     e->layers = calloc((size_t)nl, sizeof *e->layers);
-    if (!e->layers) return fail(L, ML_E_NOMEM, "out of memory");
+    if (!e->layers) return fail(L, ML_E_NOMEM, "", "out of memory");
     for (int32_t l = 0; l < e->n_layers; l++) {
         int64_t s = 0;
         if (pat) gguf_kv_array_int(pat, (uint64_t)l, &s);
@@ -257,12 +264,12 @@ enum { K_NORM, K_EMBED, K_PROJ };
 
 /* The tensor `name` of `kind` with ggml dims (d0) or (d0, d1): checked present (ML_E_FORMAT),
  * of an allowed type (ML_E_FORMAT), of that shape (ML_E_SHAPE). */
-static int tensor(const loader *L, const char *name, int kind, uint64_t d0, uint64_t d1, const gguf_tensor **out) {
+static int tensor(loader *L, const char *name, int kind, uint64_t d0, uint64_t d1, const gguf_tensor **out) {
     const gguf_tensor *t = gguf_find_tensor(&L->e->g, name);
-    if (!t) return fail(L, ML_E_FORMAT, "missing tensor %s", name);
+    if (!t) return fail(L, ML_E_FORMAT, "bitnet.tensor_missing", "missing tensor %s", name);
     int ok = t->type == GGUF_TYPE_F32 || t->type == GGUF_TYPE_F16 || (kind == K_PROJ && t->type == GGUF_TYPE_I2_S);
     if (!ok)
-        return fail(L, ML_E_FORMAT, "tensor %s has type %s (%" PRIu32 "), expected %s", name, type_name(t->type),
+        return fail(L, ML_E_FORMAT, "bitnet.tensor_type", "tensor %s has type %s (%" PRIu32 "), expected %s", name, type_name(t->type),
                     t->type, kind == K_PROJ ? "F32, F16 or I2_S" : "F32 or F16");
     uint32_t nd = kind == K_NORM ? 1 : 2;
     if (t->n_dims != nd || t->dims[0] != d0 || (nd == 2 && t->dims[1] != d1)) {
@@ -274,7 +281,7 @@ static int tensor(const loader *L, const char *name, int kind, uint64_t d0, uint
             snprintf(want, sizeof want, "%" PRIu64, d0);
         else
             snprintf(want, sizeof want, "%" PRIu64 ", %" PRIu64, d0, d1);
-        return fail(L, ML_E_SHAPE, "tensor %s has shape [%s], the hyper-parameters imply [%s] (ggml order: cols first)",
+        return fail(L, ML_E_SHAPE, "bitnet.tensor_shape", "tensor %s has shape [%s], the hyper-parameters imply [%s] (ggml order: cols first)",
                     name, got, want);
     }
     *out = t;
@@ -297,19 +304,19 @@ static float elem(const gguf_tensor *t, uint64_t i) {
     return t->type == GGUF_TYPE_F32 ? gguf_rd_f32(t->data + 4 * i) : ml_f16_to_f32(gguf_rd_u16(t->data + 2 * i));
 }
 
-static int check_finite(const loader *L, const char *name, const gguf_tensor *t, uint64_t n) {
+static int check_finite(loader *L, const char *name, const gguf_tensor *t, uint64_t n) {
     uint64_t bad = first_nonfinite(t, n);
-    if (bad < n) return fail(L, ML_E_FORMAT, "tensor %s: element %" PRIu64 " is not finite", name, bad);
+    if (bad < n) return fail(L, ML_E_FORMAT, "bitnet.finite", "tensor %s: element %" PRIu64 " is not finite", name, bad);
     return ML_OK;
 }
 
 /* A 1-D norm of n floats, converted to an owned float array. */
-static int norm(const loader *L, const char *name, int32_t n, float **out) {
+static int norm(loader *L, const char *name, int32_t n, float **out) {
     const gguf_tensor *t;
     int rc = tensor(L, name, K_NORM, (uint64_t)n, 0, &t);
     if (rc || (rc = check_finite(L, name, t, (uint64_t)n))) return rc;
     float *w = malloc((size_t)n * sizeof *w);
-    if (!w) return fail(L, ML_E_NOMEM, "out of memory for tensor %s", name);
+    if (!w) return fail(L, ML_E_NOMEM, "", "out of memory for tensor %s", name);
     for (int32_t i = 0; i < n; i++) w[i] = elem(t, (uint64_t)i);
     *out = w;
     return ML_OK;
@@ -318,13 +325,13 @@ static int norm(const loader *L, const char *name, int32_t n, float **out) {
 /* A projection (rows, cols) in the model's reading. Ternary: I2_S mapped after its checks, f32/f16
  * checked and ternarized (i2s_ternarize). Float: f32/f16 mapped after the finiteness check, I2_S
  * checked and dequantized (q * d). */
-static int projection(const loader *L, const char *name, int32_t rows, int32_t cols, proj *p) {
+static int projection(loader *L, const char *name, int32_t rows, int32_t cols, proj *p) {
     const gguf_tensor *t;
     int rc = tensor(L, name, K_PROJ, (uint64_t)cols, (uint64_t)rows, &t);
     if (rc) return rc;
     int ternary = L->e->reading == ML_READ_TERNARY;
     if ((ternary || t->type == GGUF_TYPE_I2_S) && cols % I2S_BLOCK)
-        return fail(L, ML_E_SHAPE, "tensor %s: rows of %" PRId32 " values, the I2_S kernels need a multiple of %d", name,
+        return fail(L, ML_E_SHAPE, "bitnet.i2s_cols", "tensor %s: rows of %" PRId32 " values, the I2_S kernels need a multiple of %d", name,
                     cols, I2S_BLOCK);
     p->rows = rows, p->cols = cols;
     p->fmt = ternary ? W_TERNARY : t->type == GGUF_TYPE_F16 ? W_F16 : W_F32;
@@ -337,19 +344,19 @@ static int projection(const loader *L, const char *name, int32_t rows, int32_t c
         /* gguf.c checked rows*cols/4 + 32 bytes inside the file: the payload is complete */
         p->packed = t->data;
         p->d = gguf_rd_f32(t->data + nbytes);
-        if (!isfinite(p->d)) return fail(L, ML_E_FORMAT, "tensor %s: the I2_S scale is not finite", name);
+        if (!isfinite(p->d)) return fail(L, ML_E_FORMAT, "bitnet.i2s_scale", "tensor %s: the I2_S scale is not finite", name);
         for (size_t i = 0; i < nbytes; i++) {
             uint8_t v = t->data[i];
             uint8_t three = v & (uint8_t)(v >> 1) & 0x55; /* bit 2k set: field k is code 3 */
             if (three) {
                 int f = three & 0x40 ? 0 : three & 0x10 ? 1 : three & 0x04 ? 2 : 3; /* field 0 = bits 7..6 */
                 uint64_t el = (uint64_t)(i / 32) * I2S_BLOCK + (uint64_t)(i % 32) + 32u * (uint64_t)f;
-                return fail(L, ML_E_FORMAT, "tensor %s: code 3 at element %" PRIu64 " (I2_S codes are 0, 1, 2)", name, el);
+                return fail(L, ML_E_FORMAT, "bitnet.i2s_code", "tensor %s: code 3 at element %" PRIu64 " (I2_S codes are 0, 1, 2)", name, el);
             }
         }
         if (ternary) return ML_OK;
         p->wf = malloc(n * sizeof *p->wf); /* the float reading: q * d, exact */
-        if (!p->wf) return fail(L, ML_E_NOMEM, "out of memory for tensor %s", name);
+        if (!p->wf) return fail(L, ML_E_NOMEM, "", "out of memory for tensor %s", name);
         for (size_t i = 0; i < n; i++) {
             int code = (t->data[(i / I2S_BLOCK) * I2S_BLOCK_BYTES + i % 32] >> (6 - 2 * ((i % I2S_BLOCK) / 32))) & 3;
             p->wf[i] = (float)(code - 1) * p->d;
@@ -362,7 +369,7 @@ static int projection(const loader *L, const char *name, int32_t rows, int32_t c
     p->owned = malloc(nbytes);
     if (!w || !p->owned) {
         free(w);
-        return fail(L, ML_E_NOMEM, "out of memory for tensor %s", name);
+        return fail(L, ML_E_NOMEM, "", "out of memory for tensor %s", name);
     }
     for (size_t i = 0; i < n; i++) w[i] = elem(t, (uint64_t)i);
     i2s_ternarize(w, n, p->owned, &p->d);
@@ -377,17 +384,17 @@ static int tensors(loader *L) {
     for (uint64_t i = 0; i < e->g.n_tensors; i++) {
         const gguf_tensor *t = &e->g.tensors[i];
         if (t->type != GGUF_TYPE_F32 && t->type != GGUF_TYPE_F16 && t->type != GGUF_TYPE_I2_S)
-            return fail(L, ML_E_FORMAT, "tensor %.*s has unsupported type %" PRIu32 " (F32, F16 or I2_S)",
+            return fail(L, ML_E_FORMAT, "bitnet.tensor_type", "tensor %.*s has unsupported type %" PRIu32 " (F32, F16 or I2_S)",
                         (int)(t->name.len > 200 ? 200 : t->name.len), t->name.ptr, t->type);
     }
     const gguf_tensor *tok;
     const gguf_tensor *probe = gguf_find_tensor(&e->g, "token_embd.weight");
     if (probe && probe->n_dims != 2)
-        return fail(L, ML_E_SHAPE, "tensor token_embd.weight has %" PRIu32 " dimensions, expected 2 [%" PRId32 ", vocab]",
+        return fail(L, ML_E_SHAPE, "bitnet.tensor_shape", "tensor token_embd.weight has %" PRIu32 " dimensions, expected 2 [%" PRId32 ", vocab]",
                     probe->n_dims, e->dim);
     uint64_t vocab = probe ? probe->dims[1] : 0;
-    if (probe && vocab > LIMIT_VOCAB)
-        return fail(L, ML_E_SHAPE, "tensor token_embd.weight: vocab %" PRIu64 " outside [1, %d]", vocab, LIMIT_VOCAB);
+    if (probe && (vocab < 1 || vocab > LIMIT_VOCAB))
+        return fail(L, ML_E_SHAPE, "bitnet.tensor_shape", "tensor token_embd.weight: vocab %" PRIu64 " outside [1, %d]", vocab, LIMIT_VOCAB);
     int rc = tensor(L, "token_embd.weight", K_EMBED, (uint64_t)e->dim, vocab, &tok);
     if (rc || (rc = check_finite(L, "token_embd.weight", tok, vocab * (uint64_t)e->dim))) return rc;
     e->vocab = (int32_t)vocab;
@@ -413,12 +420,12 @@ static int tensors(loader *L) {
                 memcpy(missing, name, sizeof missing);
         }
     if (n_norm_in && n_norm_in < n_proj)
-        return fail(L, ML_E_FORMAT, "missing tensor %s: a BitNet GGUF has a per-projection norm for every projection "
+        return fail(L, ML_E_FORMAT, "bitnet.norm_in", "missing tensor %s: a BitNet GGUF has a per-projection norm for every projection "
                     "or none", missing);
     e->norm_in = n_norm_in > 0;
     if (e->reading == ML_READ_MODEL) e->reading = any_i2s ? ML_READ_TERNARY : ML_READ_FLOAT;
     if (e->reading == ML_READ_TERNARY && !e->norm_in)
-        return fail(L, ML_E_ARG, "reading ternary needs a BitNet student (per-projection norms); this GGUF is a plain "
+        return fail(L, ML_E_ARG, "", "reading ternary needs a BitNet student (per-projection norms); this GGUF is a plain "
                     "model (a float teacher): read it as float");
 #define NORM(field, fmt, width)                                      \
     do {                                                             \
@@ -446,6 +453,35 @@ static int tensors(loader *L) {
     return norm(L, "output_norm.weight", e->dim, &e->output_norm);
 }
 
+/* Load in `reading`; check_only: no thread pool (ml_embed_check_rule). *rule: the rule of a refusal. */
+static int load(const char *path, int32_t threads, int32_t reading, int check_only, ml_embedder **out,
+                const char **rule, char *reason, size_t reason_len) {
+    *out = NULL;
+    *rule = "";
+    ml_embedder *e = calloc(1, sizeof *e);
+    if (!e) {
+        ml_reason(reason, reason_len, "%s: out of memory", path);
+        return ML_E_NOMEM;
+    }
+    e->reading = reading;
+    loader L = {path, reason, reason_len, e, "", ""};
+    int rc = gguf_open(path, &e->g, rule, reason, reason_len);
+    if (rc == ML_OK) rc = hparams(&L);
+    if (rc == ML_OK) rc = tensors(&L);
+    if (rc == ML_OK && !check_only) {
+        e->k = i2s_kernels();
+        e->pool = ml_pool_new(threads);
+        if (!e->pool) rc = fail(&L, ML_E_NOMEM, "", "cannot start %" PRId32 " threads", threads);
+    }
+    if (L.rule[0]) *rule = L.rule;
+    if (rc != ML_OK) {
+        free_model(e);
+        return rc;
+    }
+    *out = e;
+    return ML_OK;
+}
+
 ML_API int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *reason, size_t reason_len) {
     return ml_embed_load_reading(path, threads, ML_READ_MODEL, out, reason, reason_len);
 }
@@ -458,27 +494,22 @@ ML_API int ml_embed_load_reading(const char *path, int32_t threads, int32_t read
                   path ? path : "(null)", path ? "set" : "NULL", out ? "set" : "NULL", (int)threads, (int)reading);
         return ML_E_ARG;
     }
-    ml_embedder *e = calloc(1, sizeof *e);
-    if (!e) {
-        ml_reason(reason, reason_len, "%s: out of memory", path);
-        return ML_E_NOMEM;
+    const char *rule;
+    return load(path, threads, reading, 0, out, &rule, reason, reason_len);
+}
+
+ML_API int ml_embed_check_rule(const char *path, char *rule, size_t rule_len, char *reason, size_t reason_len) {
+    if (!path) {
+        ml_reason(reason, reason_len, "(null): invalid argument (path NULL)");
+        return ML_E_ARG;
     }
-    e->reading = reading;
-    loader L = {path, reason, reason_len, e, ""};
-    int rc = gguf_open(path, &e->g, reason, reason_len);
-    if (rc == ML_OK) rc = hparams(&L);
-    if (rc == ML_OK) rc = tensors(&L);
-    if (rc == ML_OK) {
-        e->k = i2s_kernels();
-        e->pool = ml_pool_new(threads);
-        if (!e->pool) rc = fail(&L, ML_E_NOMEM, "cannot start %" PRId32 " threads", threads);
-    }
-    if (rc != ML_OK) {
-        free_model(e);
-        return rc;
-    }
-    *out = e;
-    return ML_OK;
+    ml_embedder *e;
+    const char *r;
+    int rc = load(path, 1, ML_READ_MODEL, 1, &e, &r, reason, reason_len);
+    if (e) free_model(e);
+    if (rc == ML_OK) ml_reason(reason, reason_len, "%s: accepted", path);
+    if (rule && rule_len) snprintf(rule, rule_len, "%s", r);
+    return rc;
 }
 
 ML_API void ml_embed_free(ml_embedder *e) { free_model(e); }

@@ -20,7 +20,6 @@
 
 #include "bitnet.h"
 
-#define MAX_ARRAY_DEPTH 8
 
 typedef struct {
     const uint8_t *base;
@@ -95,42 +94,51 @@ int gguf_str_eq(gguf_str s, const char *z) {
     return s.len == n && memcmp(s.ptr, z, n) == 0;
 }
 
-/* Skip one value of type t (arrays recursively, at most MAX_ARRAY_DEPTH deep). 1 on success,
- * 0 if truncated, -1 if the type is unknown or nesting too deep. */
-static int skip_value(cursor *c, uint32_t t, int depth) {
-    if (t >= GGUF_V_COUNT) return -1;
-    if (t == GGUF_V_STRING) {
-        gguf_str s;
-        return take_str(c, &s);
+/* Skip one value of type t: strings by length, arrays of fixed-size elements in one step, arrays of
+ * strings or arrays element by element with an explicit stack (no recursion: at most
+ * GGUF_MAX_ARRAY_DEPTH levels, gguf.nesting). NULL on success, else the rule broken (what: the
+ * field). An element count past the end fails within size/8 steps: each element takes 8 bytes. */
+static const char *skip_value(cursor *c, uint32_t t, const char **what) {
+    struct { uint32_t type; uint64_t left; } stack[GGUF_MAX_ARRAY_DEPTH];
+    int depth = 0;
+    if (t >= GGUF_V_COUNT) return *what = "value type", "gguf.value_type";
+    for (;;) {
+        if (t == GGUF_V_STRING) {
+            gguf_str s;
+            if (!take_str(c, &s)) return *what = "string", "gguf.truncated";
+        } else if (t == GGUF_V_ARRAY) {
+            if (depth >= GGUF_MAX_ARRAY_DEPTH) return *what = "arrays nested more than 8 deep", "gguf.nesting";
+            uint32_t et;
+            uint64_t n;
+            if (!take_u32(c, &et) || !take_u64(c, &n)) return *what = "array header", "gguf.truncated";
+            if (et >= GGUF_V_COUNT) return *what = "array element type", "gguf.array_type";
+            if (et != GGUF_V_STRING && et != GGUF_V_ARRAY) {
+                bool ovf = false;
+                uint64_t bytes = ml_mul_u64(n, value_size[et], &ovf);
+                if (ovf || !take(c, bytes)) return *what = "array elements", "gguf.truncated";
+            } else {
+                stack[depth].type = et, stack[depth].left = n;
+                depth++;
+            }
+        } else if (!take(c, value_size[t])) {
+            return *what = "value", "gguf.truncated";
+        }
+        while (depth && stack[depth - 1].left == 0) depth--;
+        if (!depth) return NULL;
+        stack[depth - 1].left--;
+        t = stack[depth - 1].type;
     }
-    if (t != GGUF_V_ARRAY) return take(c, value_size[t]) != NULL;
-    if (depth >= MAX_ARRAY_DEPTH) return -1;
-    uint32_t et;
-    uint64_t n;
-    if (!take_u32(c, &et) || !take_u64(c, &n)) return 0;
-    if (et >= GGUF_V_COUNT) return -1;
-    if (et != GGUF_V_STRING && et != GGUF_V_ARRAY) {
-        bool ovf = false;
-        uint64_t bytes = ml_mul_u64(n, value_size[et], &ovf);
-        if (ovf) return 0;
-        return take(c, bytes) != NULL;
-    }
-    for (uint64_t i = 0; i < n; i++) {
-        /* each element takes at least 8 bytes: a count past the end fails within size/8 steps */
-        int r = skip_value(c, et, depth + 1);
-        if (r != 1) return r;
-    }
-    return 1;
 }
 
-__attribute__((format(printf, 4, 5)))
-static int fail(const gguf_file *g, char *reason, size_t reason_len, const char *fmt, ...) {
+__attribute__((format(printf, 5, 6)))
+static int fail(const gguf_file *g, char *reason, size_t reason_len, const char *rule, const char *fmt, ...) {
     char what[320];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    ml_reason(reason, reason_len, "%s: %s", g->path, what);
+    ml_reason(reason, reason_len, "%s: %s [%s]", g->path, what, rule);
+    ((gguf_file *)g)->rule = rule;
     return ML_E_FORMAT;
 }
 
@@ -142,17 +150,24 @@ void gguf_close(gguf_file *g) {
     memset(g, 0, sizeof *g);
 }
 
-/* Bytes of a tensor of a known type with these dims; 0 with *known = 0 for other types. */
-static uint64_t tensor_bytes(const gguf_tensor *t, int *known, bool *ovf) {
-    uint64_t n = 1;
-    for (uint32_t d = 0; d < t->n_dims; d++) n = ml_mul_u64(n, t->dims[d], ovf);
-    *known = 1;
-    switch (t->type) {
-    case GGUF_TYPE_F32: return ml_mul_u64(n, 4, ovf);
-    case GGUF_TYPE_F16: return ml_mul_u64(n, 2, ovf);
-    case GGUF_TYPE_I2_S: return ml_add_u64(n / 4, I2S_TAIL, ovf); /* rows*cols/4 + 32 */
-    default: *known = 0; return 0;
-    }
+/* ggml's tensor types (specs/gguf.yaml `types`): values per block and bytes per block; 0 for an id
+ * that is not a type (removed or never assigned). I2_S (36) is bitnet.cpp's: rows*cols/4 bytes and
+ * a 32-byte tail. */
+static const struct { uint16_t block, bytes; } type_size[] = {
+    [0] = {1, 4},      [1] = {1, 2},      [2] = {32, 18},    [3] = {32, 20},   [6] = {32, 22},
+    [7] = {32, 24},    [8] = {32, 34},    [9] = {32, 40},    [10] = {256, 84}, [11] = {256, 110},
+    [12] = {256, 144}, [13] = {256, 176}, [14] = {256, 210}, [15] = {256, 292}, [16] = {256, 66},
+    [17] = {256, 74},  [18] = {256, 98},  [19] = {256, 50},  [20] = {32, 18},  [21] = {256, 110},
+    [22] = {256, 82},  [23] = {256, 136}, [24] = {1, 1},     [25] = {1, 2},    [26] = {1, 4},
+    [27] = {1, 8},     [28] = {1, 8},     [29] = {256, 56},  [30] = {1, 2},    [34] = {256, 54},
+    [35] = {256, 66},  [36] = {4, 1},     [39] = {32, 17},   [40] = {64, 36},  [41] = {128, 18},
+};
+#define N_TYPES (sizeof type_size / sizeof type_size[0])
+
+int gguf_type_block(uint32_t type, uint32_t *block, uint32_t *bytes) {
+    if (type >= N_TYPES || !type_size[type].block) return 0;
+    *block = type_size[type].block, *bytes = type_size[type].bytes;
+    return 1;
 }
 
 static int str_cmp(const void *a, const void *b) {
@@ -162,44 +177,47 @@ static int str_cmp(const void *a, const void *b) {
     return r ? r : (x->len > y->len) - (x->len < y->len);
 }
 
-static const gguf_str dup_nomem;
-
-/* The first name (in sorted order) that occurs twice among the keys, then among the tensor
- * names; NULL if none; &dup_nomem if the sort buffer cannot be allocated. Sorting: O(n log n)
- * even for a file of millions of tiny entries. */
-static const gguf_str *first_duplicate(const gguf_file *g, const char **what) {
-    uint64_t most = g->n_kv > g->n_tensors ? g->n_kv : g->n_tensors;
-    const gguf_str **v = malloc((most ? (size_t)most : 1) * sizeof *v);
-    if (!v) return &dup_nomem;
+/* The name that occurs twice among n names (the one met second in file order: the reference's
+ * report), NULL if none; *nomem when the sort buffer cannot be allocated. O(n log n). */
+static const gguf_str *duplicate(const gguf_str *first, size_t stride, uint64_t n, int *nomem) {
+    *nomem = 0;
+    if (n < 2) return NULL;
+    const gguf_str **v = malloc((size_t)n * sizeof *v);
+    if (!v) return *nomem = 1, NULL;
+    for (uint64_t i = 0; i < n; i++) v[i] = (const gguf_str *)((const char *)first + i * stride);
+    qsort(v, (size_t)n, sizeof *v, str_cmp);
     const gguf_str *dup = NULL;
-    for (int pass = 0; pass < 2 && !dup; pass++) {
-        uint64_t n = pass ? g->n_tensors : g->n_kv;
-        for (uint64_t i = 0; i < n; i++) v[i] = pass ? &g->tensors[i].name : &g->kv[i].key;
-        qsort(v, (size_t)n, sizeof *v, str_cmp);
-        for (uint64_t i = 1; i < n && !dup; i++)
-            if (str_cmp(&v[i - 1], &v[i]) == 0) dup = v[i];
-        *what = pass ? "tensor" : "key";
-    }
+    for (uint64_t i = 1; i < n; i++)
+        if (str_cmp(&v[i - 1], &v[i]) == 0) {
+            const gguf_str *later = v[i - 1] > v[i] ? v[i - 1] : v[i]; /* the second in file order */
+            if (!dup || later < dup) dup = later;
+        }
     free(v);
     return dup;
 }
+
+#define SHOWN(s) (int)((s).len > 200 ? 200 : (s).len), (s).ptr
 
 static int parse(gguf_file *g, char *reason, size_t reason_len) {
     cursor c = {g->base, g->size, 0};
     const uint8_t *magic = take(&c, 4);
     if (!magic || memcmp(magic, "GGUF", 4) != 0)
-        return fail(g, reason, reason_len, "not a GGUF file (magic is not \"GGUF\")");
-    if (!take_u32(&c, &g->version)) return fail(g, reason, reason_len, "truncated header (version)");
+        return fail(g, reason, reason_len, "gguf.magic", "not a GGUF file (magic is not \"GGUF\")");
+    if (!take_u32(&c, &g->version)) return fail(g, reason, reason_len, "gguf.truncated", "truncated header (version)");
     if (g->version != 2 && g->version != 3)
-        return fail(g, reason, reason_len, "GGUF version %" PRIu32 " is not supported (2 or 3)", g->version);
+        return fail(g, reason, reason_len, "gguf.version", "GGUF version %" PRIu32 " is not supported (2 or 3)",
+                    g->version);
     if (!take_u64(&c, &g->n_tensors) || !take_u64(&c, &g->n_kv))
-        return fail(g, reason, reason_len, "truncated header (tensor and kv counts)");
-    /* a kv pair takes at least 12 bytes, a tensor info at least 24: larger counts are truncation */
-    if (g->n_kv > g->size / 12)
-        return fail(g, reason, reason_len, "kv count %" PRIu64 " exceeds what the file can hold (truncated)", g->n_kv);
-    if (g->n_tensors > g->size / 24)
-        return fail(g, reason, reason_len, "tensor count %" PRIu64 " exceeds what the file can hold (truncated)",
-                    g->n_tensors);
+        return fail(g, reason, reason_len, "gguf.truncated", "truncated header (tensor and kv counts)");
+    /* each pair takes at least 13 bytes, each tensor info 32: larger counts cannot be in the file,
+     * and the tables below are then O(file size) */
+    bool ovf = false;
+    uint64_t least = ml_add_u64(ml_add_u64(24, ml_mul_u64(g->n_kv, 13, &ovf), &ovf), ml_mul_u64(g->n_tensors, 32, &ovf),
+                                &ovf);
+    if (ovf || least > g->size)
+        return fail(g, reason, reason_len, "gguf.counts",
+                    "%" PRIu64 " kv pairs and %" PRIu64 " tensors cannot fit in the file (%zu bytes)", g->n_kv,
+                    g->n_tensors, g->size);
     g->kv = calloc(g->n_kv ? (size_t)g->n_kv : 1, sizeof *g->kv);
     g->tensors = calloc(g->n_tensors ? (size_t)g->n_tensors : 1, sizeof *g->tensors);
     if (!g->kv || !g->tensors) {
@@ -209,87 +227,116 @@ static int parse(gguf_file *g, char *reason, size_t reason_len) {
     }
     for (uint64_t i = 0; i < g->n_kv; i++) {
         gguf_kv *kv = &g->kv[i];
-        if (!take_str(&c, &kv->key) || !take_u32(&c, &kv->type))
-            return fail(g, reason, reason_len, "truncated kv pair %" PRIu64 " (key)", i);
-        if (kv->type >= GGUF_V_COUNT)
-            return fail(g, reason, reason_len, "key %.*s has unknown value type %" PRIu32,
-                        (int)(kv->key.len > 200 ? 200 : kv->key.len), kv->key.ptr, kv->type);
+        uint64_t n;
+        if (!take_u64(&c, &n)) return fail(g, reason, reason_len, "gguf.truncated", "truncated kv pair %" PRIu64, i);
+        if (n < 1 || n > GGUF_MAX_KEY)
+            return fail(g, reason, reason_len, "gguf.key", "key of kv pair %" PRIu64 " is %" PRIu64 " bytes long (1 to %d)",
+                        i, n, GGUF_MAX_KEY);
+        const uint8_t *p = take(&c, n);
+        if (!p || !take_u32(&c, &kv->type))
+            return fail(g, reason, reason_len, "gguf.truncated", "truncated kv pair %" PRIu64 " (key)", i);
+        kv->key.ptr = (const char *)p, kv->key.len = n;
         kv->val = g->base + c.pos;
         if (kv->type == GGUF_V_ARRAY && c.size - c.pos >= 12) {
             kv->arr_type = gguf_rd_u32(kv->val);
             kv->arr_n = rd_u64(kv->val + 4);
         }
-        int r = skip_value(&c, kv->type, 0);
-        if (r != 1)
-            return fail(g, reason, reason_len, "key %.*s: %s value", (int)(kv->key.len > 200 ? 200 : kv->key.len),
-                        kv->key.ptr, r == 0 ? "truncated" : "unknown element type or arrays nested too deep in its");
+        const char *what, *rule = skip_value(&c, kv->type, &what);
+        if (rule)
+            return fail(g, reason, reason_len, rule, "key %.*s: %s (value type %" PRIu32 ")", SHOWN(kv->key), what,
+                        kv->type);
         if (kv->type == GGUF_V_ARRAY) kv->val += 12;
     }
+    int nomem;
+    const gguf_str *dup = duplicate(&g->kv[0].key, sizeof *g->kv, g->n_kv, &nomem);
+    if (!nomem && dup) return fail(g, reason, reason_len, "gguf.duplicate_key", "key %.*s occurs twice", SHOWN(*dup));
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
-    const gguf_kv *al = gguf_find_kv(g, "general.alignment");
+    const gguf_kv *al = nomem ? NULL : gguf_find_kv(g, "general.alignment");
     if (al) {
-        int64_t a;
-        if (!gguf_kv_int(al, &a) || a <= 0 || a > (1 << 30) || (a & (a - 1)))
-            return fail(g, reason, reason_len, "general.alignment is not a power of two up to 2^30");
-        g->alignment = (uint64_t)a;
+        uint32_t a = al->type == GGUF_V_U32 ? gguf_rd_u32(al->val) : 0;
+        if (!a || (a & (a - 1)))
+            return fail(g, reason, reason_len, "gguf.alignment",
+                        "general.alignment (%s) is not a u32 power of two", gguf_type_name(al->type));
+        g->alignment = a;
     }
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
+    for (uint64_t i = 0; i < g->n_tensors && !nomem; i++) {
         gguf_tensor *t = &g->tensors[i];
-        if (!take_str(&c, &t->name) || !take_u32(&c, &t->n_dims))
-            return fail(g, reason, reason_len, "truncated tensor info %" PRIu64, i);
-        int nl = (int)(t->name.len > 200 ? 200 : t->name.len);
+        uint64_t n;
+        if (!take_u64(&c, &n)) return fail(g, reason, reason_len, "gguf.truncated", "truncated tensor info %" PRIu64, i);
+        if (n < 1 || n > GGUF_MAX_NAME)
+            return fail(g, reason, reason_len, "gguf.tensor.name",
+                        "name of tensor info %" PRIu64 " is %" PRIu64 " bytes long (1 to %d)", i, n, GGUF_MAX_NAME);
+        const uint8_t *p = take(&c, n);
+        if (!p || !take_u32(&c, &t->n_dims))
+            return fail(g, reason, reason_len, "gguf.truncated", "truncated tensor info %" PRIu64, i);
+        t->name.ptr = (const char *)p, t->name.len = n;
         if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
-            return fail(g, reason, reason_len, "tensor %.*s has %" PRIu32 " dimensions (1 to %d)", nl, t->name.ptr,
-                        t->n_dims, GGUF_MAX_DIMS);
+            return fail(g, reason, reason_len, "gguf.tensor.n_dims", "tensor %.*s has %" PRIu32 " dimensions (1 to %d)",
+                        SHOWN(t->name), t->n_dims, GGUF_MAX_DIMS);
         for (uint32_t d = 0; d < t->n_dims; d++)
             if (!take_u64(&c, &t->dims[d]))
-                return fail(g, reason, reason_len, "truncated tensor info of %.*s (dims)", nl, t->name.ptr);
+                return fail(g, reason, reason_len, "gguf.truncated", "truncated tensor info of %.*s (dims)",
+                            SHOWN(t->name));
         if (!take_u32(&c, &t->type) || !take_u64(&c, &t->offset))
-            return fail(g, reason, reason_len, "truncated tensor info of %.*s (type, offset)", nl, t->name.ptr);
+            return fail(g, reason, reason_len, "gguf.truncated", "truncated tensor info of %.*s (type, offset)",
+                        SHOWN(t->name));
+        uint32_t block, bytes;
+        if (!gguf_type_block(t->type, &block, &bytes))
+            return fail(g, reason, reason_len, "gguf.tensor.type", "tensor %.*s has type %" PRIu32 ", not a ggml type",
+                        SHOWN(t->name), t->type);
+        if (t->dims[0] % block)
+            return fail(g, reason, reason_len, "gguf.tensor.block",
+                        "tensor %.*s: dims[0] %" PRIu64 " is not a multiple of its type's block %" PRIu32,
+                        SHOWN(t->name), t->dims[0], block);
+        uint64_t els = 1;
+        ovf = false;
+        for (uint32_t d = 0; d < t->n_dims; d++) {
+            els = ml_mul_u64(els, t->dims[d], &ovf);
+            if (ovf || t->dims[d] >> 63 || els >> 63)
+                return fail(g, reason, reason_len, "gguf.tensor.size",
+                            "tensor %.*s: the element count overflows 63 bits", SHOWN(t->name));
+        }
+        t->nbytes = t->type == GGUF_TYPE_I2_S ? els / 4 + I2S_TAIL : ml_mul_u64(els / block, bytes, &ovf);
+        if (ovf || t->nbytes >> 63)
+            return fail(g, reason, reason_len, "gguf.tensor.size", "tensor %.*s: its byte size overflows 63 bits",
+                        SHOWN(t->name));
         if (t->offset % g->alignment)
-            return fail(g, reason, reason_len, "tensor %.*s: offset %" PRIu64 " is not a multiple of the alignment %" PRIu64,
-                        nl, t->name.ptr, t->offset, g->alignment);
+            return fail(g, reason, reason_len, "gguf.tensor.offset_aligned",
+                        "tensor %.*s: offset %" PRIu64 " is not a multiple of the alignment %" PRIu64, SHOWN(t->name),
+                        t->offset, g->alignment);
     }
-    const char *what;
-    const gguf_str *dup = first_duplicate(g, &what);
-    if (dup == &dup_nomem) {
+    if (!nomem) dup = duplicate(&g->tensors[0].name, sizeof *g->tensors, g->n_tensors, &nomem);
+    if (nomem) {
         ml_reason(reason, reason_len, "%s: out of memory", g->path);
         return ML_E_NOMEM;
     }
-    if (dup) return fail(g, reason, reason_len, "duplicate %s %.*s", what, (int)(dup->len > 200 ? 200 : dup->len), dup->ptr);
-    bool ovf = false;
-    g->data_offset = ml_align_u64(c.pos, g->alignment, &ovf);
-    if (ovf || g->data_offset > g->size)
-        return fail(g, reason, reason_len, "truncated: the data section starts at %" PRIu64 ", past the end (%zu bytes)",
-                    g->data_offset, g->size);
+    if (dup) return fail(g, reason, reason_len, "gguf.duplicate_tensor", "tensor %.*s occurs twice", SHOWN(*dup));
+    g->data_offset = ml_align_u64(c.pos, g->alignment, &ovf); /* c.pos <= size, alignment <= 2^31: no overflow */
+    uint64_t want = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         gguf_tensor *t = &g->tensors[i];
-        int nl = (int)(t->name.len > 200 ? 200 : t->name.len);
-        int known;
+        if (t->offset != want)
+            return fail(g, reason, reason_len, "gguf.tensor.layout",
+                        "tensor %.*s is at data offset %" PRIu64 "; the tensors before it end at %" PRIu64
+                        " (each at the next multiple of %" PRIu64 ", in order)",
+                        SHOWN(t->name), t->offset, want, g->alignment);
         ovf = false;
-        for (uint32_t d = 0; d < t->n_dims; d++)
-            if (t->dims[d] == 0)
-                return fail(g, reason, reason_len, "tensor %.*s has a zero dimension", nl, t->name.ptr);
-        uint64_t nb = tensor_bytes(t, &known, &ovf);
-        if (!known) continue;
-        uint64_t end = ml_add_u64(ml_add_u64(g->data_offset, t->offset, &ovf), nb, &ovf);
-        if (ovf)
-            return fail(g, reason, reason_len, "truncated: tensor %.*s: its data size or end overflows 64 bits", nl,
-                        t->name.ptr);
-        if (end > g->size)
-            return fail(g, reason, reason_len,
-                        "truncated: tensor %.*s data (%" PRIu64 " bytes at data offset %" PRIu64 ") ends past the end "
+        uint64_t end = ml_add_u64(ml_add_u64(g->data_offset, t->offset, &ovf), t->nbytes, &ovf);
+        if (ovf || end > g->size)
+            return fail(g, reason, reason_len, "gguf.tensor.bounds",
+                        "tensor %.*s data (%" PRIu64 " bytes at data offset %" PRIu64 ") ends past the end "
                         "of the file (%zu bytes)",
-                        nl, t->name.ptr, nb, t->offset, g->size);
-        t->nbytes = nb;
+                        SHOWN(t->name), t->nbytes, t->offset, g->size);
         t->data = g->base + g->data_offset + t->offset;
+        want = ml_align_u64(t->offset + t->nbytes, g->alignment, &ovf); /* <= size + alignment */
     }
     return ML_OK;
 }
 
-int gguf_open(const char *path, gguf_file *g, char *reason, size_t reason_len) {
+int gguf_open(const char *path, gguf_file *g, const char **rule, char *reason, size_t reason_len) {
     memset(g, 0, sizeof *g);
     g->path = path;
+    *rule = "gguf.io.open";
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   /* a FIFO must not block: decision loader.special_files */
     if (fd < 0) {
         ml_reason(reason, reason_len, "%s: cannot open: %s", path, strerror(errno));
@@ -326,6 +373,7 @@ int gguf_open(const char *path, gguf_file *g, char *reason, size_t reason_len) {
     }
     close(fd);
     int rc = parse(g, reason, reason_len);
+    *rule = rc == ML_OK ? "" : g->rule ? g->rule : "";
     if (rc != ML_OK) gguf_close(g);
     return rc;
 }

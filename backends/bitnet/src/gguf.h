@@ -1,13 +1,13 @@
 /* gguf.h: a read-only GGUF v2/v3 reader over mmap (the bitnet runtime's only file format).
  *
- * gguf_open maps the file and walks the header, every key-value pair (all GGUF value types,
- * arrays of any type including strings and nested arrays, which are measured and skipped) and
- * every tensor info, then places the data section at the first multiple of general.alignment
- * (default 32) after the infos. Every length, count and offset is 64-bit and overflow-checked
- * against the file size, so nothing here reads past the end of the map. Tensors of the types the
- * runtime knows (F32, F16, I2_S) have their byte size computed and checked to lie inside the file;
- * other types are kept with nbytes 0 for the caller to refuse. Strings point into the map and are
- * not NUL-terminated (ptr + len).
+ * gguf_open maps the file and checks every gguf.* rule of specs/gguf.yaml in its reading order:
+ * the header, every key-value pair (all GGUF value types; arrays of strings and nested arrays are
+ * measured with a bounded stack, never by recursion), the alignment, every tensor info (type,
+ * block, sizes without overflow, aligned offset), then each tensor's data: in order, each at the
+ * next multiple of the alignment, inside the file. Every length, count and offset is 64-bit and
+ * overflow-checked against the file size, so nothing here reads past the end of the map, and the
+ * tables it allocates are O(file size) (gguf.counts). Strings point into the map and are not
+ * NUL-terminated (ptr + len).
  */
 #ifndef MLBITNET_GGUF_H
 #define MLBITNET_GGUF_H
@@ -17,6 +17,9 @@
 
 #define GGUF_MAX_DIMS 4
 #define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_MAX_KEY 65535       /* bytes of a key (docs/gguf.md) */
+#define GGUF_MAX_NAME 63         /* bytes of a tensor name (ggml GGML_MAX_NAME 64, NUL included) */
+#define GGUF_MAX_ARRAY_DEPTH 8   /* levels of arrays in one value */
 
 /* ggml tensor types this runtime reads */
 #define GGUF_TYPE_F32 0
@@ -49,8 +52,8 @@ typedef struct {
     uint64_t dims[GGUF_MAX_DIMS]; /* ggml order: dims[0] is the row length (cols) */
     uint32_t type;
     uint64_t offset;              /* from the start of the data section */
-    uint64_t nbytes;              /* F32/F16/I2_S: the data size (checked inside the file); else 0 */
-    const uint8_t *data;          /* F32/F16/I2_S: base + data_offset + offset; else NULL */
+    uint64_t nbytes;              /* the data size (I2_S: rows*cols/4 + 32), checked inside the file */
+    const uint8_t *data;          /* base + data_offset + offset */
 } gguf_tensor;
 
 typedef struct {
@@ -63,12 +66,16 @@ typedef struct {
     gguf_tensor *tensors;
     uint64_t alignment;
     uint64_t data_offset;
+    const char *rule;    /* while parsing: the rule a failure broke */
 } gguf_file;
 
-/* Map and parse `path` into *g (zeroed first). ML_OK, ML_E_IO (cannot open / map), ML_E_FORMAT
- * (anything malformed, truncated or duplicated), ML_E_NOMEM; the reason names the file, the
- * field and the rule. On failure *g holds nothing to free. */
-int gguf_open(const char *path, gguf_file *g, char *reason, size_t reason_len);
+/* Map and parse `path` into *g (zeroed first). ML_OK, ML_E_IO (cannot open / map: rule
+ * gguf.io.open), ML_E_FORMAT (a gguf.* rule), ML_E_NOMEM; *rule the id of the rule broken ("" when
+ * accepted or out of memory); the reason names the file, the field and the rule. On failure *g
+ * holds nothing to free. */
+int gguf_open(const char *path, gguf_file *g, const char **rule, char *reason, size_t reason_len);
+/* Values per block and bytes per block of ggml tensor type `type`: 1, or 0 if it is not a type. */
+int gguf_type_block(uint32_t type, uint32_t *block, uint32_t *bytes);
 void gguf_close(gguf_file *g);
 
 const gguf_kv *gguf_find_kv(const gguf_file *g, const char *key);

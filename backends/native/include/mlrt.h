@@ -138,6 +138,11 @@ typedef struct ml_embedder ml_embedder;
  * key or tensor, an unsupported architecture or tensor type, a truncated file, code 3 in I2_S data,
  * a non-finite weight) or ML_E_SHAPE (a tensor shape that does not fit the hyper-parameters). */
 int ml_embed_load(const char *path, int32_t threads, ml_embedder **out, char *reason, size_t reason_len);
+/* Optional: validate only, as ml_embed_load does (every rule of specs/gguf.yaml, in its order), and
+ * `rule` receives the id of the rule that refused the file ("gguf.tensor.layout", "bitnet.finite";
+ * "" when accepted), NUL-terminated, truncated to rule_len. The loader cases of GGUF files
+ * (capability load_gguf) are then judged by status and rule, else by status alone. */
+int ml_embed_check_rule(const char *path, char *rule, size_t rule_len, char *reason, size_t reason_len);
 /* Optional: load in a given reading of the projections. ML_READ_MODEL is the file's own, what
  * ml_embed_load gives and bitnet.cpp computes: ternary for I2_S, float for f32/f16.
  * ML_READ_FLOAT: plain matmuls with the stored weights (F16: the inputs rounded to f16 first, as
