@@ -166,6 +166,11 @@ class CmdBackend:
         )
         return self._status(r, "load_tokenizer")
 
+    def load_gguf(self, path: str) -> LoadResult:
+        self._need("load_gguf")
+        r = self.request(f"load_gguf({str(path)!r})", "load_gguf", path=str(path))
+        return self._status(r, "load_gguf")
+
     def _status(self, r: dict, where: str) -> LoadResult:
         st = reply_field(r, "status", str, f"{self.name}: {where}")
         reason = r.get("reason") or ""

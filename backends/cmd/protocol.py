@@ -37,7 +37,7 @@ Handles are integers (or strings) the program chooses; they live as long as the 
   hello          protocol: 1                                  name, version (strings), capabilities:
                                                               a list of names of mlconf.backends.CAPABILITIES
                                                               (load, quantize_q8_0, quantize_q4_0, forward,
-                                                              load_tokenizer, encode, i2s, embed)
+                                                              load_tokenizer, encode, i2s, embed, load_gguf)
   load           path                                         status ("ML_OK", "ML_E_IO", "ML_E_FORMAT",
                                                               "ML_E_SHAPE"), reason (string), and
                                                               optionally rule: the id of the rule of
@@ -70,10 +70,12 @@ Handles are integers (or strings) the program chooses; they live as long as the 
   open_embedder  path [, reading "float" | "ternary"]          handle, dim, vocab
   embed          handle, tokens: [ints], pooling: null |      vector: f32 [dim]
                  "mean" | "cls" | "last", normalize: bool
+  load_gguf      path                                         status, reason, optionally rule
+                                                              (specs/gguf.yaml), as load
 
 hello is the first request of every process; the capabilities it lists decide which cases run
 (a case needing another capability is "unsupported" without a request). A status of "load" /
-"load_tokenizer" that is not one of the four is reported as an error of the case.
+"load_tokenizer" / "load_gguf" that is not one of the four is reported as an error of the case.
 
 Isolation (as for the native worker): if the program exits, or closes stdout, during a call the call
 raises WorkerCrash naming the exit status or signal and quoting the tail of its stderr; if no reply

@@ -21,6 +21,8 @@ What it answers, and how llama.cpp is asked:
                  llama.cpp aborts on an f32 x f16 multiply), through llama.cpp's embedding path
                  (embeddings on, the pooling asked for); an I2_S file is unsupported (stock ggml
                  has no such type), and so is a reading other than the file's own
+  load_gguf      the GGUF as it is, to ggml's gguf_init_from_file and then llama_model_load_from_file
+                 (gguf_check.py): status only, llama.cpp's logged text as the reason
 Everything else is answered "unsupported" (replies.py: the error kinds and the reply loop).
 """
 
@@ -37,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cmd import pack, unpack
+from .gguf_check import GgufCheck
 from .gguf_inputs import bitnet_norms, stock_gguf, vocab_gguf
 from .replies import NonFinite, NotHere, Refused, serve
 
@@ -91,6 +94,7 @@ class Program:
 
         self.llama_cpp = llama_cpp
         self.ggml = Ggml(lib_dir)
+        self.gguf = GgufCheck(lib_dir, llama_cpp)
         self.tmp = tempfile.TemporaryDirectory(prefix="mlconf-llama-cpp-")
         self.handles: dict[int, dict] = {}
         self.next_handle = 1
@@ -100,8 +104,11 @@ class Program:
         return {
             "name": "llama.cpp (llama-cpp-python)",
             "version": self.llama_cpp.__version__,
-            "capabilities": ["forward", "quantize_q8_0", "quantize_q4_0", "encode", "embed"],
+            "capabilities": ["forward", "quantize_q8_0", "quantize_q4_0", "encode", "embed", "load_gguf"],
         }
+
+    def load_gguf(self, req: dict) -> dict:
+        return self.gguf.load_gguf(req["path"])
 
     def quantize_q8_0(self, req: dict) -> dict:
         x = self._quant_rows(req)

@@ -1,6 +1,10 @@
-/* testhooks.c: one exported entry point for tests (tests/test_bitnet_kernels.py), so that Python
- * can run any I2_S kernel of any ISA runnable here and compare it with the reference. Not part of
- * include/mlrt.h.
+/* testhooks.c: exported entry points for tests, not part of include/mlrt.h.
+ *
+ * int mlbitnet_test_type_block(type, block, bytes): gguf_type_block, the GGUF reader's ggml type
+ *   table (tests/test_gguf_rules.py compares it with specs/gguf.yaml `types`).
+ *
+ * The kernel entry point (tests/test_bitnet_kernels.py) runs any I2_S kernel of any ISA runnable
+ * here, so that Python can compare it with the reference:
  *
  * int mlbitnet_test_kernel(isa, op, n, a, b, out):
  *   "quantize_act": a = float x[n] (n >= 1, finite); out = int8 q[n], then float scale (byte
@@ -37,6 +41,12 @@
 
 #include "attn.h"
 #include "bitnet.h"
+#include "gguf.h"
+
+ML_API int mlbitnet_test_type_block(uint32_t type, uint32_t *block, uint32_t *bytes);
+ML_API int mlbitnet_test_type_block(uint32_t type, uint32_t *block, uint32_t *bytes) {
+    return gguf_type_block(type, block, bytes);
+}
 
 ML_API int mlbitnet_test_kernel(const char *isa, const char *op, int n, const void *a, const void *b, void *out);
 
