@@ -1368,9 +1368,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--area",
         action="append",
-        choices=["loader", "tokenizer", "forward", "i2s"],
-        help="repeatable; default loader and tokenizer (forward: random valid models; i2s: "
-        "random and adversarial I2_S inputs, bit-exact)",
+        choices=["loader", "tokenizer", "gguf", "forward", "i2s"],
+        help="repeatable; default loader and tokenizer (gguf: mutated BitNet GGUFs, status and rule; "
+        "forward: random valid models; i2s: random and adversarial I2_S inputs, bit-exact)",
     )
     p.add_argument("--count", type=int_in(1, 10**9), metavar="N", help="mutants per area (default 1000)")
     p.add_argument(

@@ -1,13 +1,15 @@
 """`mlconf fuzz`: differential fuzzing of a runtime against the reference.
 
-Areas: loader and tokenizer (mutated files, below); forward (random valid models, random_model,
-logits within logits_runtime_vs_reference, shrunk by turning features off); i2s (random and
-adversarial I2_S inputs, bit-exact).
+Areas: loader, tokenizer and gguf (mutated files, below; a GGUF judged by status and rule);
+forward (random valid models, random_model, logits within logits_runtime_vs_reference, shrunk by
+turning features off); i2s (random and adversarial I2_S inputs, bit-exact).
 
 Seeded, structure-aware mutants of the valid fixtures (header fields set to boundary values, bit
 flips, layer-flag bytes, Q8 quants set to -128, truncations, appended bytes; one to three at a
-time) are loaded by the backend under test and by the reference. A mutant passes when both give
-the same status and, for an .mlb both accept, the same two-token forward (_run_accepted).
+time; for a GGUF also its counts, lengths, types and offsets set to boundary values or near their
+own, keys and tensor names copied over one another, NaNs and I2_S code 3 in the data) are loaded
+by the backend under test and by the reference. A mutant passes when both give the same status
+(a GGUF: and rule) and, for an .mlb both accept, the same two-token forward (_run_accepted).
 Crashes and hangs are caught by the backend's worker, as in `mlconf run`.
 
 Every mutation is one of the fixtures' own (`raw`, `truncate_to`, `append`: the `mutate` lists of
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlconf import byte_ops, fixtures, mlt_fixtures, specs
+from mlconf import byte_ops, fixtures, gguf_fixtures, mlt_fixtures, specs
 from mlconf.areas.forward import forward_calls
 from mlconf.backends.reference import layout
 from mlconf.cases import FORWARD_MODES, Case
@@ -38,6 +40,7 @@ from mlconf.runner import Result, Workdir, run_case
 AREAS = {
     "loader": ("load", ".mlb"),
     "tokenizer": ("load_tokenizer", ".mlt"),
+    "gguf": ("load_gguf", ".gguf"),
     "forward": ("forward", ".mlb"),
     "i2s": ("i2s", ""),
 }
@@ -64,6 +67,7 @@ U32_VALUES = (
     2**32 - 32,
     2**32 - 1,
 )
+U64_VALUES = (*U32_VALUES, 2**32, 2**40, 2**61, 2**62, 2**63 - 1, 2**63, 2**64 - 32, 2**64 - 1)
 F32_VALUES = (float("nan"), float("inf"), float("-inf"), -0.0, -1.0, 1e-45, 3.4e38, 0.5, 1e4)
 FLAG_VALUES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 0x10, 0x80, 0xFF)
 
@@ -72,8 +76,35 @@ FLAG_VALUES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 0x10, 0x80, 0xFF)
 class Base:
     name: str
     data: bytes
-    fields: list[tuple[int, str]]  # (offset, u32 | f32) of the header fields to set
+    fields: list[tuple[int, str]]  # (offset, u32 | u64 | f32) of the fields to set
     flags: range = range(0)  # offsets of the layer-flag bytes
+    body: int = 256  # where the data (weights) starts: flips aim before it, value pokes after
+    names: list[list[tuple[int, int]]] = field(default_factory=list)  # GGUF: (offset, length) of
+    # each key, then of each tensor name: one copied over another of its length makes a duplicate
+
+
+def gguf_base(name: str, data: bytes) -> Base:
+    """A valid GGUF as a Base: every count, length, type and offset field, where its data starts,
+    and its keys' and tensor names' bytes."""
+    from mlconf.backends.reference import gguf_file
+
+    g = gguf_file.parse(data)
+    names = [[(kv.at + 8, len(kv.key)) for kv in g.kvs], [(t.at + 8, len(t.name)) for t in g.tensors]]
+    out = [(4, "u32"), (8, "u64"), (16, "u64")]
+    for kv in g.kvs:
+        out += [(kv.at, "u64"), (kv.at + 8 + len(kv.key), "u32")]
+        v = kv.at + 12 + len(kv.key)
+        if kv.type == gguf_file.STRING:
+            out.append((v, "u64"))
+        elif kv.type == gguf_file.ARRAY:
+            out += [(v, "u32"), (v + 4, "u64")]
+        elif kv.type in (4, 5):
+            out.append((v, "u32"))  # an integer key (embedding_length, alignment ...)
+    for t in g.tensors:
+        n = t.at + 8 + len(t.name)
+        out += [(t.at, "u64"), (n, "u32")] + [(n + 4 + 8 * i, "u64") for i in range(len(t.dims))]
+        out += [(n + 4 + 8 * len(t.dims), "u32"), (n + 8 + 8 * len(t.dims), "u64")]
+    return Base(name, data, out, body=g.data_offset, names=names)
 
 
 @dataclass
@@ -89,6 +120,12 @@ class Campaign:
 
 def bases(area: str) -> list[Base]:
     """The valid fixtures of ``area`` as bytes, each with the places its mutations aim at."""
+    if area == "gguf":  # the bases and the accepted edges (alignment, nesting, long keys and names)
+        out = [gguf_base(n, gguf_fixtures.base_bytes(n)) for n in gguf_fixtures.bases()]
+        for f in gguf_fixtures.catalog():
+            if f.kind == "accepted":
+                out.append(gguf_base(f.file.removeprefix("gguf/"), gguf_fixtures.content(f)))
+        return out
     if area == "tokenizer":
         fs = [f for f in mlt_fixtures.catalog() if f.kind == "valid"]
         size = specs.load("mlt")["header_size"]
@@ -109,23 +146,44 @@ def bases(area: str) -> list[Base]:
 def mutation(rng: np.random.Generator, base: Base, size: int) -> dict:
     """One mutation in the fixtures' vocabulary (raw / truncate_to / append)."""
     kind = rng.choice(["field", "field", "field", "flip", "flip", "flag", "q8", "truncate", "append"])
+    if kind == "flag" and base.names:  # GGUF: a key or tensor name copied over one of its length
+        group = base.names[int(rng.integers(0, len(base.names)))] or [(0, 0)]
+        a = group[int(rng.integers(0, len(group)))]
+        same = [n for n in group if n[1] == a[1] and n != a]
+        if same:
+            b = same[int(rng.integers(0, len(same)))]
+            return {"raw": {"offset": b[0], "hex": base.data[a[0] : a[0] + a[1]].hex()}}
     if kind == "flag" and base.flags:
         value = int(rng.choice(FLAG_VALUES))
         return {"raw": {"offset": int(rng.choice(base.flags)), "hex": bytes([value]).hex()}}
-    if kind == "q8" and size > 256:
-        return {"raw": {"offset": int(rng.integers(256, size)), "hex": "80"}}
+    if kind == "q8" and size > base.body:  # .mlb: a Q8 quant -128; .gguf: a NaN or I2_S code 3
+        at = int(rng.integers(base.body, size))
+        return {
+            "raw": {"offset": at, "hex": "80" if base.body == 256 else str(rng.choice(["7e", "ff", "c0"]))}
+        }
     if kind == "truncate":
         return {"truncate_to": int(rng.integers(0, max(1, size)))}
     if kind == "append":
         return {"append": int(rng.integers(1, 65))}
     if kind == "flip":
         in_header = rng.random() < 0.6
-        at = int(rng.integers(0, max(1, min(size, 256) if in_header else size)))
+        at = int(rng.integers(0, max(1, min(size, base.body) if in_header else size)))
         byte = base.data[at] if at < len(base.data) else 0
         return {"raw": {"offset": at, "hex": bytes([byte ^ (1 << int(rng.integers(0, 8)))]).hex()}}
     off, typ = base.fields[int(rng.integers(0, len(base.fields)))]
     if typ == "f32":
         raw = struct.pack("<f", float(rng.choice(F32_VALUES)))
+    elif typ == "u64":
+        (was,) = struct.unpack_from("<Q", base.data, off)
+        pick = rng.random()
+        v = (
+            U64_VALUES[int(rng.integers(0, len(U64_VALUES)))]
+            if pick < 0.5
+            else (was + int(rng.integers(-64, 65))) % 2**64  # near the true value: off by a few
+            if pick < 0.8
+            else int(rng.integers(0, 2**63)) * 2 + int(rng.integers(0, 2))
+        )
+        raw = struct.pack("<Q", v)
     else:
         v = int(rng.choice(U32_VALUES)) if rng.random() < 0.8 else int(rng.integers(0, 2**32))
         raw = struct.pack("<I", v)
@@ -167,16 +225,26 @@ def _indices(count: int | None, seconds: float | None, start: float):
         index += 1
 
 
-def _case(area: str, path: Path, expected: str, cid: str, spec: str) -> Case:
+RESULT_AREA = {"gguf": "loader", "i2s": "bitnet"}  # the suite's area of a campaign's records
+
+
+def _case(area: str, path: Path, expected: str, cid: str, spec: str, rule: str | None = None) -> Case:
     cap, _ = AREAS[area]
-    return Case(cid, area, cap, spec, "status", {"path": path}, expected)
+    params = {"path": path} if rule is None else {"path": path, "rule": rule}
+    return Case(cid, RESULT_AREA.get(area, area), cap, spec, "status", params, expected)
 
 
 def _judge(area, reference, backend, work: Workdir, path: Path, cid: str, spec: str) -> tuple[str, Result]:
-    """The reference's status of the file, and the backend's result against it; an .mlb both
-    accept is also run (_run_accepted) when the backend has a forward."""
-    ref = reference.load(str(path)) if area == "loader" else reference.load_tokenizer(str(path))
-    res = run_case(_case(area, path, ref.status, cid, spec), backend, work)
+    """The reference's status of the file, and the backend's result against it (a GGUF's by status
+    and rule: specs/gguf.yaml's precedence is the reading order, which both readers follow); an
+    .mlb both accept is also run (_run_accepted) when the backend has a forward."""
+    rule = None
+    if area == "gguf":
+        ref = reference.load_gguf(str(path))
+        rule = ref.rule
+    else:
+        ref = reference.load(str(path)) if area == "loader" else reference.load_tokenizer(str(path))
+    res = run_case(_case(area, path, ref.status, cid, spec, rule), backend, work)
     runs = area == "loader" and "forward" in backend.capabilities
     if runs and ref.status == "ML_OK" and res.outcome == "pass":
         res = _run_accepted(reference, backend, work, path, cid, spec) or res
@@ -661,7 +729,7 @@ def summary_result(c: Campaign, backend_name: str) -> Result:
     text = f"{c.agreed} of {c.mutants} mutants gave the reference's status"
     return Result(
         f"fuzz/{c.area}/seed{c.seed}/agreed",
-        c.area,
+        RESULT_AREA.get(c.area, c.area),
         f"fuzz seed {c.seed}, {c.mutants} mutants",
         backend_name,
         "pass" if c.agreed == c.mutants else "fail",

@@ -12,12 +12,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from mlconf import cli, fuzz, reports
-from mlconf.backends import get
+from mlconf.backends import LoadResult, get
 from mlconf.backends.reference import ReferenceBackend
 from mlconf.tools import exits
 
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_the_seed_fixes_the_mutants():
-    for area in ("loader", "tokenizer"):
+    for area in ("loader", "tokenizer", "gguf"):
         a, b = fuzz.mutants(area, 7), fuzz.mutants(area, 7)
         first = [a() for _ in range(50)]
         assert [(x.name, ops) for x, ops in first] == [(x.name, ops) for x, ops in (b() for _ in range(50))]
@@ -48,6 +49,34 @@ def assert_clean(name: str, area: str, seed: int, count: int) -> None:
 @pytest.mark.parametrize("area", ["loader", "tokenizer"])
 def test_native_agrees_with_the_reference(area):
     assert_clean("native", area, seed=11, count=400)
+
+
+def test_bitnet_agrees_with_the_reference_on_gguf():
+    assert_clean("bitnet", "gguf", seed=11, count=1500)
+
+
+class NoLayoutCheck(ReferenceBackend):
+    """A GGUF reader that forgets ggml's layout rule: overlapping or misplaced tensors load."""
+
+    name = "reference-no-layout"
+
+    def load_gguf(self, path):
+        r = super().load_gguf(path)
+        return LoadResult("ML_OK", f"{path}: accepted", "") if r.rule == "gguf.tensor.layout" else r
+
+
+def test_a_gguf_reader_without_the_layout_rule_is_found_with_its_rule():
+    c = fuzz.run(NoLayoutCheck(), "gguf", seed=5, count=1500)
+    assert c.failures and c.agreed + len(c.failures) == c.mutants
+    ref = ReferenceBackend()
+    for r in c.reproducers:
+        assert r["expected"] == "ML_E_FORMAT" and r["got"] == "ML_OK" and "gguf.tensor.layout" in r["detail"]
+        bases = {b.name: b for b in fuzz.bases("gguf")}
+        data = fuzz.apply(bases[r["base"]].data, r["mutate"])
+        with tempfile.NamedTemporaryFile(suffix=".gguf") as f:
+            f.write(data)
+            f.flush()
+            assert ref.load_gguf(f.name).rule == "gguf.tensor.layout"
 
 
 @pytest.fixture(scope="module")

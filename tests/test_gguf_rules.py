@@ -166,6 +166,7 @@ def test_memory_stays_within_the_bound_on_every_fixture(generated, tmp_path):
     assert r.stdout.split()[3] == "5", r.stdout
 
 
+@pytest.mark.slow
 def test_no_fixture_trips_the_sanitizers(generated, tmp_path):
     """The same driver under AddressSanitizer + UBSan (-fno-sanitize-recover): every fixture gives
     the spec's status and rule, with no report."""

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # libFuzzer builds and campaigns
 def corpus(generated, tmp_path_factory):
     out, made = generated
     root = tmp_path_factory.mktemp("corpus")
-    for ext in ("mlb", "mlt"):
+    for ext in ("mlb", "mlt", "gguf"):
         (root / ext).mkdir()
     for i, f in enumerate(made):
         p = out / f.file
@@ -29,7 +29,7 @@ def corpus(generated, tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("target,ext", [("mlb_check", "mlb"), ("mlt_load", "mlt")])
+@pytest.mark.parametrize("target,ext", [("mlb_check", "mlb"), ("mlt_load", "mlt"), ("gguf_load", "gguf")])
 def test_fuzz_target_runs_clean(target, ext, corpus, tmp_path):
     if shutil.which("clang") is None:
         pytest.skip("no clang for the libFuzzer targets")

@@ -14,15 +14,19 @@ from pathlib import Path
 import pytest
 
 from mlconf.backends import LoadResult
-from mlconf.backends.reference import loader
+from mlconf.backends.reference import gguf_model, loader
 from mlconf.backends.reference import mlt as mlt_loader
 
 pytest.importorskip("atheris", reason="atheris is not installed (the test extra installs it on x86-64 Linux)")
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = ROOT / "backends" / "reference" / "fuzz"
-TARGETS = {"fuzz_mlb_load": ".mlb", "fuzz_mlt_load": ".mlt"}  # target -> the files it reads
-DICTS = ROOT / "backends" / "native" / "fuzz"  # mlb.dict, mlt.dict: shared
+TARGETS = {
+    "fuzz_mlb_load": ".mlb",
+    "fuzz_mlt_load": ".mlt",
+    "fuzz_gguf_load": ".gguf",
+}  # -> the files it reads
+DICTS = ROOT / "backends" / "native" / "fuzz"  # mlb.dict, mlt.dict, gguf.dict: shared
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +65,15 @@ def test_a_planted_bug_is_a_finding(targets, generated, monkeypatch):
     monkeypatch.setattr(mlt_loader, "check", lambda data, *a, **k: LoadResult("ML_OK?"))
     with pytest.raises(AssertionError):
         targets["fuzz_mlt_load"].test_one_input(b"MLT1")
+    # a GGUF reader that recursed once per nesting level (gguf-py's RecursionError class)
+    deep = next(p for p in seeds(generated, ".gguf") if p.name == "depth_10000.gguf").read_bytes()
+    monkeypatch.setattr(gguf_model, "check_bytes", lambda data: _recurse(10**6))
+    with pytest.raises(RecursionError):
+        targets["fuzz_gguf_load"].test_one_input(deep)
+
+
+def _recurse(n: int) -> int:
+    return n if n <= 0 else 1 + _recurse(n - 1)
 
 
 @pytest.mark.parametrize("name", TARGETS)

@@ -273,11 +273,14 @@ def build_worker(out: str | Path, machine: str = "aarch64", cc: str = "aarch64-l
 
 
 FUZZ = HERE / "fuzz"
-FUZZ_TARGETS = ("mlb_check", "mlt_load")  # fuzz/NAME.c, each linked with the runtime's sources
+# fuzz/NAME.c -> the library whose sources it is linked with (coverage on them all)
+FUZZ_LIBRARY = {"mlb_check": "mlrt", "mlt_load": "mlrt", "gguf_load": "mlbitnet"}
+FUZZ_TARGETS = tuple(FUZZ_LIBRARY)
 
 
 def build_fuzzer(name: str, out: str | Path, cc: str = "clang") -> Path:
-    """The libFuzzer target fuzz/NAME.c with every source of this machine (coverage on them all),
+    """The libFuzzer target fuzz/NAME.c with every source of its library (FUZZ_LIBRARY) for this
+    machine (coverage on them all),
     built with ASan and UBSan; under OSS-Fuzz, $CFLAGS (its sanitizer) and $LIB_FUZZING_ENGINE
     instead (fuzz/build.sh). Raises BuildError."""
     if name not in FUZZ_TARGETS:
@@ -288,7 +291,9 @@ def build_fuzzer(name: str, out: str | Path, cc: str = "clang") -> Path:
     san = shlex.split(os.environ["CFLAGS"]) if os.environ.get("CFLAGS") else SANITIZE
     flags = [f for f in CFLAGS if f not in ("-O2", "-fPIC", "-fvisibility=hidden")] + san
     target = FUZZ / f"{name}.c"
-    covered = [(src, [*isa, "-fsanitize=fuzzer-no-link"]) for src, isa in sources()]  # coverage, no main
+    covered = [  # coverage, no main
+        (src, [*isa, "-fsanitize=fuzzer-no-link"]) for src, isa in sources(lib=FUZZ_LIBRARY[name])
+    ]
     return compile_link(cc, flags, [*covered, (target, [engine])], [engine], Path(out))
 
 

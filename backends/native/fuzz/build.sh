@@ -7,7 +7,7 @@ set -eu
 : "${CC:=clang}" "${OUT:=backends/native/fuzz/build}"
 export LIB_FUZZING_ENGINE="${LIB_FUZZING_ENGINE:--fsanitize=fuzzer}"
 mkdir -p "$OUT"
-for target in mlb_check mlt_load; do
+for target in mlb_check mlt_load gguf_load; do
   python3 backends/native/build.py --fuzz "$target" --cc "$CC" "$OUT/$target"
   cp "backends/native/fuzz/${target%%_*}.dict" "$OUT/$target.dict"
 done

@@ -5,7 +5,7 @@
 # packs each target with PyInstaller into $OUT. The dictionaries are the libFuzzer targets'.
 set -eu
 pip3 install .
-for target in fuzz_mlb_load fuzz_mlt_load; do
+for target in fuzz_mlb_load fuzz_mlt_load fuzz_gguf_load; do
   compile_python_fuzzer "backends/reference/fuzz/$target.py" --collect-data mlconf.specs
   kind=${target#fuzz_}
   cp "backends/native/fuzz/${kind%%_*}.dict" "$OUT/$target.dict"
