@@ -210,6 +210,12 @@ def _tensors(m: _Model, hp: dict) -> None:
             "bitnet.norm_in",
             f"missing tensor {missing}: a BitNet GGUF has a per-projection norm for every projection or none",
         )
+    if ternary and not have:  # I2_S projections are a student's
+        raise GgufError(
+            "bitnet.norm_in",
+            f"missing tensor {norm_in[0]}: I2_S projections are a BitNet student's, which has a "
+            "per-projection norm for every projection",
+        )
     for b in range(nl):
         m.norm(f"blk.{b}.attn_norm.weight", dim)
         for i, p in enumerate(PROJ):

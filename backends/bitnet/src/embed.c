@@ -423,6 +423,11 @@ static int tensors(loader *L) {
         return fail(L, ML_E_FORMAT, "bitnet.norm_in", "missing tensor %s: a BitNet GGUF has a per-projection norm for every projection "
                     "or none", missing);
     e->norm_in = n_norm_in > 0;
+    /* I2_S projections are a student's: without the norms the file is no BitNet model (found by
+     * mlconf fuzz: a cut tensor count once gave ML_E_ARG, a bad argument, for the file) */
+    if (any_i2s && !e->norm_in)
+        return fail(L, ML_E_FORMAT, "bitnet.norm_in", "missing tensor %s: I2_S projections are a BitNet student's, "
+                    "which has a per-projection norm for every projection", missing);
     if (e->reading == ML_READ_MODEL) e->reading = any_i2s ? ML_READ_TERNARY : ML_READ_FLOAT;
     if (e->reading == ML_READ_TERNARY && !e->norm_in)
         return fail(L, ML_E_ARG, "", "reading ternary needs a BitNet student (per-projection norms); this GGUF is a plain "
