@@ -2,8 +2,7 @@
 
 A Case names the capability it needs, the spec row it comes from and its expectation. Areas:
   header  valid fixtures of specs/mlb_fixtures.yaml: the loader must accept them
-  loader  malformed and edge fixtures of specs/mlb_errors.yaml, and of specs/gguf.yaml (GGUF
-          readers: the hostile-file classes): the status and rule the spec gives
+  loader  malformed and edge fixtures of specs/mlb_errors.yaml: the status the spec gives
   quant   hand-derived edge vectors of specs/quant.yaml and the gguf-py golden (bit-exact)
   forward golden/logits: transformers' logits of converted tiny models, within
           specs/tolerances.yaml logits_runtime_vs_oracle, prefilled and decoded token by token
@@ -13,7 +12,8 @@ A Case names the capability it needs, the spec row it comes from and its expecta
           golden/bitnet/i2s_edge.npz bit-exact, seeded random inputs bit-exact against the reference,
           refusals), and BitNet GGUF embeddings (golden/bitnet/NAME.gguf + NAME.npz from a PyTorch
           BitLinear oracle, within specs/tolerances.yaml embeddings_vs_oracle; against the
-          reference within embeddings_runtime_vs_reference; damaged GGUFs refused)
+          reference within embeddings_runtime_vs_reference; damaged GGUFs refused), and the GGUF
+          loader fixtures of specs/gguf.yaml (the hostile-file classes: status and rule)
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def _fixture_cases(target: specs.Version | None = None) -> list[Case]:
         if f.file.startswith("gguf/"):
             name = f.file.rsplit("/", 1)[-1].removesuffix(".gguf")
             row = f"gguf.yaml#{f.rule or f.kind}" + ("" if f.rule else f".{name}")
-            cid = f"loader/gguf/{f.rule or f.kind}/{name}"
-            out.append(Case(cid, "loader", "load_gguf", row, "status", {"fixture": f}, f.expected))
+            cid = f"bitnet/gguf/{f.rule or f.kind}/{name}"  # area bitnet: decision gguf.area
+            out.append(Case(cid, "bitnet", "load_gguf", row, "status", {"fixture": f}, f.expected))
             continue
         if f.file.startswith("tokenizer/"):
             name = f.file.rsplit("/", 1)[-1].removesuffix(".mlt")

@@ -225,7 +225,7 @@ def _indices(count: int | None, seconds: float | None, start: float):
         index += 1
 
 
-RESULT_AREA = {"gguf": "loader", "i2s": "bitnet"}  # the suite's area of a campaign's records
+RESULT_AREA = {"gguf": "bitnet", "i2s": "bitnet"}  # the suite's area of a campaign's records
 
 
 def _case(area: str, path: Path, expected: str, cid: str, spec: str, rule: str | None = None) -> Case:

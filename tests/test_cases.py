@@ -15,9 +15,11 @@ def test_case_ids_are_unique_and_areas_filled():
 
 
 def test_every_rule_and_fixture_is_a_case():
-    ids = {c.id for c in cases.collect(["header", "loader", "tokenizer"]) if c.capability != "encode"}
+    ids = {c.id for c in cases.collect(["header", "loader", "tokenizer", "bitnet"]) if c.compare == "status"}
     for r in specs.load("mlb_errors")["rules"]:
         assert any(i.startswith(f"loader/{r['id']}/") for i in ids), r["id"]
+    for r in specs.load("gguf")["rules"]:
+        assert any(i.startswith(f"bitnet/gguf/{r['id']}/") for i in ids), r["id"]
     assert len(ids) == len(fixtures.catalog())
 
 

@@ -1,8 +1,8 @@
 """specs/gguf.yaml against its oracles and its two readers: the type table is gguf-py's, the C
 reader's table is the spec's, every rule id the readers raise is a spec rule (and each rule is
 raised), the bases read the same through gguf-py, and memory stays within the spec's bound
-(decision gguf.memory) on every fixture. The fixtures themselves are the loader/gguf cases of
-the suite (conformance/suite/test_loader.py), judged by status and rule on every backend."""
+(decision gguf.memory) on every fixture. The fixtures themselves are the bitnet/gguf cases of
+the suite (conformance/suite/test_bitnet.py), judged by status and rule on every backend."""
 
 from __future__ import annotations
 
