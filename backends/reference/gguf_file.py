@@ -149,7 +149,10 @@ def _name(c: _Cursor, limit: int, rule: str, what: str) -> bytes:
     n = c.u64(f"{what} length")
     if not 1 <= n <= limit:
         raise GgufError(rule, f"{what} at byte {c.pos - 8} is {n} bytes long (1 to {limit})")
-    return c.take(n, what)
+    b = c.take(n, what)
+    if b"\0" in b:  # a C reader would read it as the part before the NUL
+        raise GgufError(rule, f"{what} at byte {c.pos - n} has a NUL byte at {b.index(0)}")
+    return b
 
 
 def parse(data: bytes) -> GgufFile:

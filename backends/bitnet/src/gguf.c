@@ -233,7 +233,10 @@ static int parse(gguf_file *g, char *reason, size_t reason_len) {
             return fail(g, reason, reason_len, "gguf.key", "key of kv pair %" PRIu64 " is %" PRIu64 " bytes long (1 to %d)",
                         i, n, GGUF_MAX_KEY);
         const uint8_t *p = take(&c, n);
-        if (!p || !take_u32(&c, &kv->type))
+        if (!p) return fail(g, reason, reason_len, "gguf.truncated", "truncated kv pair %" PRIu64 " (key)", i);
+        if (memchr(p, 0, (size_t)n)) /* a C reader would read it as the part before the NUL */
+            return fail(g, reason, reason_len, "gguf.key", "key of kv pair %" PRIu64 " has a NUL byte", i);
+        if (!take_u32(&c, &kv->type))
             return fail(g, reason, reason_len, "gguf.truncated", "truncated kv pair %" PRIu64 " (key)", i);
         kv->key.ptr = (const char *)p, kv->key.len = n;
         kv->val = g->base + c.pos;
@@ -267,7 +270,10 @@ static int parse(gguf_file *g, char *reason, size_t reason_len) {
             return fail(g, reason, reason_len, "gguf.tensor.name",
                         "name of tensor info %" PRIu64 " is %" PRIu64 " bytes long (1 to %d)", i, n, GGUF_MAX_NAME);
         const uint8_t *p = take(&c, n);
-        if (!p || !take_u32(&c, &t->n_dims))
+        if (!p) return fail(g, reason, reason_len, "gguf.truncated", "truncated tensor info %" PRIu64, i);
+        if (memchr(p, 0, (size_t)n))
+            return fail(g, reason, reason_len, "gguf.tensor.name", "name of tensor info %" PRIu64 " has a NUL byte", i);
+        if (!take_u32(&c, &t->n_dims))
             return fail(g, reason, reason_len, "gguf.truncated", "truncated tensor info %" PRIu64, i);
         t->name.ptr = (const char *)p, t->name.len = n;
         if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
