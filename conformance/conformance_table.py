@@ -27,8 +27,13 @@ class TableError(ValueError):
     """The results hold no such backend, or a README has no (or a broken) block for it."""
 
 
+# a C or C++ source path in a message (an assertion's __FILE__): the build's own folder (pip's
+# temporary one) is no part of the verdict, so only the file's name and line are kept
+_SOURCE = re.compile(r"(?<![\w$])/(?:[^\s/'\"]+/)+([^\s/'\"]+\.(?:c|cc|cpp|h)):(\d+)")
+
+
 def _cell(text: str) -> str:
-    text = text.replace("\n", " ").replace("|", "\\|")
+    text = _SOURCE.sub(r"\1:\2", text.replace("\n", " ")).replace("|", "\\|")
     return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 1] + "…"
 
 

@@ -81,3 +81,13 @@ def test_differences_allow_float_drift_only():
     assert "line 1" in conformance_table.differences(a, a.replace("| 3 |", "| 4 |"), 0.2)  # counts exact
     assert "line 2" in conformance_table.differences(a, a.replace("| y |", "| z |"), 0.2)
     assert "lines" in conformance_table.differences(a, a + "| z |\n", 0.2)
+
+
+def test_a_source_path_in_a_detail_keeps_only_its_file_and_line():
+    """An assertion's __FILE__ names the build's folder (pip's temporary one), which differs from
+    build to build: the table keeps the file's name and line, and leaves other paths alone."""
+    from mlconf.conformance_table import _cell
+
+    text = "its stderr: /tmp/pip-x1/vendor/llama.cpp/src/llama-model.cpp:1328: GGML_ASSERT(a) failed"
+    assert _cell(text) == "its stderr: llama-model.cpp:1328: GGML_ASSERT(a) failed"
+    assert _cell("load_gguf('$WORK/gguf/x.gguf')") == "load_gguf('$WORK/gguf/x.gguf')"

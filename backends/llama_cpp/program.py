@@ -318,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--lib", help="folder of libllama.so and libggml-base.so (default: llama-cpp-python's)")
     args = ap.parse_args(argv)
+    # an abort (GGML_ASSERT) prints its message, not a gdb backtrace of this process: the crash's
+    # detail is then the assertion, the same on every host
+    os.environ["GGML_NO_BACKTRACE"] = "1"
     if args.lib:
         os.environ["LLAMA_CPP_LIB_PATH"] = args.lib
         lib_dir = Path(args.lib)
