@@ -231,3 +231,16 @@ def test_readme_conformance_table_is_the_run(tmp_path):
         f"README.md's llama.cpp table is not this run's ({why}); rewrite it with mlconf "
         "report RESULTS.json --conformance llama.cpp --update README.md"
     )
+
+
+def test_a_hostile_gguf_is_refused_before_gguf_py_reads_it(generated):
+    """The embedding path rewrites the user's GGUF with gguf-py (stock_gguf): a file that breaks a
+    container rule (here 10,000 levels of nested arrays, gguf-py's RecursionError) is refused with
+    its rule, not an internal error of the program."""
+    out, _ = generated
+    b = backends.get("llama.cpp")
+    try:
+        with pytest.raises(backends.InputError, match=r"gguf\.nesting"):
+            b.open_embedder(str(out / "gguf/malformed/gguf.nesting/depth_10000.gguf"))
+    finally:
+        b.close()

@@ -103,15 +103,21 @@ def bitnet_norms(path: Path) -> list[str]:
 
 def stock_gguf(src: str, dst: Path) -> Path:
     """A copy of GGUF ``src`` that stock llama.cpp loads: the same keys and tensors, the 1-D F16
-    ones (norms) as F32, exactly. Refused (input) when gguf-py cannot read it; NotHere for a tensor
+    ones (norms) as F32, exactly. Refused (input) when it breaks a container rule of
+    specs/gguf.yaml (it is not handed to gguf-py) or gguf-py cannot read it; NotHere for a tensor
     type stock ggml lacks (bitnet.cpp's I2_S, type 36)."""
     import gguf
 
-    from mlconf.tools.files import check_regular
+    from mlconf.backends.reference import gguf_file
+    from mlconf.tools.files import check_regular, read_regular
 
     why = check_regular(src)  # gguf-py would block on a FIFO
     if why:
         raise Refused(f"{src}: {why}")
+    try:  # the container rules of specs/gguf.yaml first: gguf-py recurses on nested arrays
+        gguf_file.parse(read_regular(src))
+    except gguf_file.GgufError as e:
+        raise Refused(f"{src}: {e.reason} [{e.rule}]") from None
     try:
         r = gguf.GGUFReader(src)
     except ValueError as e:
