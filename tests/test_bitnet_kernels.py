@@ -756,6 +756,9 @@ def _run(cmd: list[str], data: bytes = b"", timeout: float = 300) -> subprocess.
 
 
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
+# the sanitized drivers' flags (here and tests/test_gguf_rules.py): any report aborts the run
+SANITIZER_FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+SANITIZER_FLAGS.append("-fno-omit-frame-pointer")
 
 
 def _compile(cc: str, out: Path, sources: list[tuple[Path, list[str]]], link: list[str]) -> Path:
@@ -806,13 +809,7 @@ def sanitized_driver(tmp_path_factory) -> list[str]:
     """The same driver built natively with AddressSanitizer + UBSan (x86-64: every x86 table)."""
     if not X86:
         pytest.skip("the sanitized driver build is for x86-64 (aarch64 runs the plain build natively)")
-    san = [
-        "-O1",
-        "-g",
-        "-fsanitize=address,undefined",
-        "-fno-sanitize-recover=all",
-        "-fno-omit-frame-pointer",
-    ]
+    san = SANITIZER_FLAGS
     srcs = driver_sources(X86_TABLES, san)
     return [str(_compile("gcc", tmp_path_factory.mktemp("san") / "i2s_main", srcs, san))]
 

@@ -171,15 +171,10 @@ def test_memory_stays_within_the_bound_on_every_fixture(generated, tmp_path):
 def test_no_fixture_trips_the_sanitizers(generated, tmp_path):
     """The same driver under AddressSanitizer + UBSan (-fno-sanitize-recover): every fixture gives
     the spec's status and rule, with no report."""
+    from tests.test_bitnet_kernels import SANITIZER_FLAGS
+
     out, fx = generated
-    san = [
-        "-O1",
-        "-g",
-        "-fsanitize=address,undefined",
-        "-fno-sanitize-recover=all",
-        "-fno-omit-frame-pointer",
-    ]
-    assert not _run_driver(_driver(tmp_path, san), out, fx, [])
+    assert not _run_driver(_driver(tmp_path, SANITIZER_FLAGS), out, fx, [])
 
 
 def test_the_reference_reader_has_no_recursion_on_deep_nesting(generated):
