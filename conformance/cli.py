@@ -505,8 +505,25 @@ def cmd_run(args) -> int:
         else ""
     )
     print(f"\n{len(results)} case runs on {len(backends)} backend(s); {n_fail} {what}{stopped}; {wall:.1f} s")
+    if entries:
+        _print_unmet_expectations(doc["records"], args.expect)
     print(f"reports: {', '.join(str(p) for p in written)}")
     return exits.FAILED if n_fail else exits.OK
+
+
+def _print_unmet_expectations(recs: list[dict], path: str) -> None:
+    """Name the records whose expectation verdict fails the run (an unexpected pass prints no FAIL
+    line while the run goes), grouped by verdict, so the entry to update is found at once."""
+    from mlconf import expectations
+
+    by: dict[str, list[str]] = {}
+    for r in recs:
+        e = r.get("expectation")
+        if e and expectations.fails(e["verdict"]):
+            by.setdefault(e["verdict"], []).append(f"{r['backend']} {r['case']} (entry {e['entry']})")
+    for v, ids in sorted(by.items()):
+        more = f", and {len(ids) - 5} more" if len(ids) > 5 else ""
+        print(f"{len(ids)} {v} against {path}: {', '.join(ids[:5])}{more}")
 
 
 def _fails(res, gate, entries: list[dict]) -> bool:

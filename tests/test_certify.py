@@ -155,7 +155,10 @@ def test_run_expect_turns_known_failures_into_expected_ones(tmp_path, capsys):
     assert "expected fail: this runtime does not check the magic" in junit
     # a case expected to fail that passes fails the run until the file is updated
     wrong = {"cases": "header/q8_min", "expect": "fail", "reason": "expected to fail, wrongly"}
+    capsys.readouterr()
     assert cli.main([*base, "--expect", str(_expect_file(tmp_path, MAGIC_FAILS, wrong))]) == 1
+    out = capsys.readouterr().out  # the verdict named, with the case and its entry
+    assert "1 unexpected pass against " in out and "header/q8_min (entry 1)" in out
     doc = reports.load(tmp_path / "r" / "results.json")
     assert [r["expectation"]["verdict"] for r in doc["records"] if r["case"] == "header/q8_min"] == [
         "unexpected pass"

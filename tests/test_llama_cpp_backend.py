@@ -233,6 +233,22 @@ def test_readme_conformance_table_is_the_run(tmp_path):
     )
 
 
+@pytest.mark.slow
+def test_expectations_file_certifies_the_current_list(tmp_path, capsys):
+    """backends/llama_cpp/expectations.yaml is in step with llama.cpp on the current must-pass list:
+    the certification .ci/run makes is conformant (no unexpected pass or outcome, no unused entry),
+    and its package verifies. A case that starts to pass (or to fail otherwise) fails here first."""
+    from pathlib import Path
+
+    expect = Path(__file__).resolve().parents[1] / "backends" / "llama_cpp" / "expectations.yaml"
+    pkg = tmp_path / "llama.cpp.tar.gz"
+    argv = ["certify", "-b", "llama.cpp", "--version", "current", "--expect", str(expect), "-j", "2"]
+    rc = cli.main([*argv, "-o", str(pkg)])
+    out = capsys.readouterr()
+    assert rc == 0, out.out[-3000:] + out.err[-2000:]
+    assert cli.main(["verify", str(pkg)]) == 0, capsys.readouterr().err
+
+
 def test_a_hostile_gguf_is_refused_before_gguf_py_reads_it(generated):
     """The embedding path rewrites the user's GGUF with gguf-py (stock_gguf): a file that breaks a
     container rule (here 10,000 levels of nested arrays, gguf-py's RecursionError) is refused with
