@@ -198,6 +198,39 @@ def test_two_threads_equal_one(lib, name):
     assert np.array_equal(one, two), f"{name}: threads=2 differs by {np.abs(one - two).max():.3g}"
 
 
+# a prompt long enough that every row-wise step (norms, quantization, activation, q/k work) is
+# split over the pool too (forward.c each_row: n x width above MIN_POOL_WORK at width 64), in two
+# chunks (64 + 36)
+LONG = 100
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2_softcap", "gemma3_q4_round", "qwen35_linear"])
+def test_threads_equal_one_on_a_long_prompt(lib, name):
+    path, toks = golden(name)
+    one = Native(lib, path, threads=1)
+    long = np.resize(toks, LONG) % one.vocab
+    want = one.forward(long, 0)
+    for threads in (2, 3):
+        got = Native(lib, path, threads=threads).forward(long, 0)
+        assert np.array_equal(want, got), f"{name}: threads={threads}: {np.abs(want - got).max():.3g}"
+
+
+def test_a_nonfinite_row_fails_the_call_on_every_thread(lib, generated):
+    """decision forward.nonfinite with the quantization split over the pool: the one NaN row
+    (token 2's embedding), wherever it lies among a full chunk's rows, fails the call."""
+    path = generated[0] / "accepted" / "nan_embedding_token_2.mlb"
+    n = 64  # the model's max_seq, one chunk: 64 x 64 is above MIN_POOL_WORK
+    for threads in (1, 2):
+        nat = Native(lib, path, threads=threads)
+        for at in (0, 37, n - 1):
+            toks = np.ones(n, np.int32)
+            toks[at] = 2
+            st, _ = nat.call(toks, 0)
+            assert st == 2, f"threads={threads}, NaN row at {at}: status {st}, not ML_E_FORMAT"
+            nat.reset()
+        assert nat.call(np.ones(n, np.int32), 0)[0] == ML_OK  # the same model without the row
+
+
 # ---------------------------------------------------------------- bad arguments
 def test_bad_arguments_are_ml_e_arg(lib):
     path, toks = golden("llama")

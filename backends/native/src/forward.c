@@ -181,8 +181,50 @@ static void rmsnorm(float *out, const float *v, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = (v[i] * r) * w[i];
 }
 
-static void rmsnorm_rows(float *out, const float *x, const float *w, int n, int width, float eps) {
-    for (int t = 0; t < n; t++) rmsnorm(out + (size_t)t * width, x + (size_t)t * width, w, width, eps);
+/* Split [0, n) over the pool, or run it here when the model has none or when `work` (in block
+ * dots, ~0.5 ns each) is below MIN_POOL_WORK: half of it saves less than handing it over costs. */
+#define MIN_POOL_WORK 2048
+static void run(struct ml_model *m, int64_t n, int64_t work, void (*fn)(void *, int64_t, int64_t), void *arg) {
+    if (m->pool && work >= MIN_POOL_WORK) ml_pool_run(m->pool, n, fn, arg);
+    else fn(arg, 0, n);
+}
+
+/* The row-wise steps between the matmuls (norms, quantization, the activation, each token's q/k
+ * work): a row's result depends on that row alone, so they split over the pool by token, and
+ * every split gives the same bits. Run on the caller alone, they left the other threads waiting
+ * (a quarter of a 512-token prefill's wall time, SmolLM2 shape, 2 threads). `work` counts about
+ * one unit per float operation, a rough match for run()'s. */
+typedef struct {
+    void (*row)(void *ctx, int t);
+    void *ctx;
+} rows_job;
+
+static void rows_run(void *arg, int64_t t0, int64_t t1) {
+    const rows_job *j = arg;
+    for (int64_t t = t0; t < t1; t++) j->row(j->ctx, (int)t);
+}
+
+static void each_row(struct ml_model *m, int n, int64_t work, void (*row)(void *, int), void *ctx) {
+    rows_job j = {row, ctx};
+    run(m, n, n > 1 ? work : 0, rows_run, &j); /* one row (a decode step) is not split */
+}
+
+typedef struct {
+    float *out;
+    const float *x, *w;
+    int width;
+    float eps;
+} norm_ctx;
+
+static void norm_row(void *ctx, int t) {
+    const norm_ctx *c = ctx;
+    rmsnorm(c->out + (size_t)t * c->width, c->x + (size_t)t * c->width, c->w, c->width, c->eps);
+}
+
+static void rmsnorm_rows(struct ml_model *m, float *out, const float *x, const float *w, int n, int width,
+                         float eps) {
+    norm_ctx c = {out, x, w, width, eps};
+    each_row(m, n, (int64_t)n * width, norm_row, &c);
 }
 
 static float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
@@ -200,14 +242,6 @@ static float softcap(float v, float cap) { return cap * tanhf(v / cap); }
 
 static void add_rows(float *x, const float *a, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = x[i] + a[i];
-}
-
-/* Split [0, n) over the pool, or run it here when the model has none or when `work` (in block
- * dots, ~0.5 ns each) is below MIN_POOL_WORK: half of it saves less than handing it over costs. */
-#define MIN_POOL_WORK 2048
-static void run(struct ml_model *m, int64_t n, int64_t work, void (*fn)(void *, int64_t, int64_t), void *arg) {
-    if (m->pool && work >= MIN_POOL_WORK) ml_pool_run(m->pool, n, fn, arg);
-    else fn(arg, 0, n);
 }
 
 /* ------------------------------------------------------------------ importance matrix */
@@ -250,17 +284,29 @@ static int any_nonfinite(const float *x, size_t n) {
  * by every matrix that reads it (wq, wk, wv, wg read the same h). Decision forward.nonfinite: the
  * quantizer's rule has no meaning for NaN or inf, so such an input fails the call (the layer runs
  * on, on whatever the scratch holds, and its result is dropped). */
-static void quantize(fstate *s, const float *x, int n, int cols) {
-    if (any_nonfinite(x, (size_t)n * cols)) {
-        s->nonfinite = 1;
+typedef struct {
+    fstate *s;
+    const float *x;
+    int cols;
+    int bad; /* a row held NaN or inf (set with __atomic: rows run on several threads) */
+} quant_ctx;
+
+static void quantize_row(void *ctx, int t) {
+    quant_ctx *c = ctx;
+    const float *x = c->x + (size_t)t * c->cols;
+    if (any_nonfinite(x, (size_t)c->cols)) {
+        __atomic_store_n(&c->bad, 1, __ATOMIC_RELAXED);
         return;
     }
-    const ml_kernel_table *k = ml_kernels();
-    int nb = cols / QK;
-    for (int t = 0; t < n; t++) {
-        k->quantize_q8_0(x + (size_t)t * cols, cols, s->xq + (size_t)t * cols, s->xd + (size_t)t * nb);
-        ml_block_sums(s->xq + (size_t)t * cols, nb, s->xs + (size_t)t * nb);
-    }
+    int nb = c->cols / QK;
+    ml_kernels()->quantize_q8_0(x, c->cols, c->s->xq + (size_t)t * c->cols, c->s->xd + (size_t)t * nb);
+    ml_block_sums(c->s->xq + (size_t)t * c->cols, nb, c->s->xs + (size_t)t * nb);
+}
+
+static void quantize(struct ml_model *m, fstate *s, const float *x, int n, int cols) {
+    quant_ctx c = {s, x, cols, 0};
+    each_row(m, n, (int64_t)n * cols, quantize_row, &c);
+    if (c.bad) s->nonfinite = 1;
 }
 
 typedef struct {
@@ -398,18 +444,51 @@ static void attn_slices(void *arg, int64_t s0, int64_t s1) {
     }
 }
 
+/* One token's q, k, v after their matmuls: the biases, the q/k norms, RoPE */
+typedef struct {
+    const struct ml_model *m;
+    fstate *s;
+    const ml_layer *W;
+    float *kc, *vc; /* the cache rows of the chunk's first position */
+} qkv_ctx;
+
+static void qkv_row(void *ctx, int t) {
+    const qkv_ctx *c = ctx;
+    const ml_header *h = &c->m->h;
+    const ml_layer *W = c->W;
+    int hd = c->m->head_dim, qd = c->m->q_dim, kvd = c->m->kv_dim, half = c->m->rot_dim / 2;
+    int nh = (int)h->n_heads, nkv = (int)h->n_kv_heads;
+    float eps = h->norm_eps;
+    float *q = c->s->q + (size_t)t * qd, *k = c->kc + (size_t)t * kvd, *v = c->vc + (size_t)t * kvd;
+    if (h->qkv_bias) {
+        for (int i = 0; i < qd; i++) q[i] = q[i] + W->bq[i];
+        for (int i = 0; i < kvd; i++) k[i] = k[i] + W->bk[i];
+        for (int i = 0; i < kvd; i++) v[i] = v[i] + W->bv[i];
+    }
+    if (h->qk_norm) {
+        for (int i = 0; i < nh; i++) rmsnorm(q + i * hd, q + i * hd, W->q_norm, hd, eps);
+        for (int i = 0; i < nkv; i++) rmsnorm(k + i * hd, k + i * hd, W->k_norm, hd, eps);
+    }
+    if (!(W->flags & 4)) { /* bit 2: no RoPE; bit 1: the local base */
+        int kind = (W->flags & 2) ? 1 : 0;
+        const float *co = c->s->cos[kind] + (size_t)t * half, *sn = c->s->sin[kind] + (size_t)t * half;
+        rope(q, nh, hd, half, co, sn);
+        rope(k, nkv, hd, half, co, sn);
+    }
+}
+
 /* An attention layer on the chunk's n tokens at positions pos..: its output goes to s->xb2. */
 static void attention(struct ml_model *m, fstate *s, int l, int n, int pos) {
     const ml_header *h = &m->h;
     const ml_layer *W = &m->layers[l];
     layer_state *L = &s->layers[l];
     int dim = (int)h->dim, hd = m->head_dim, qd = m->q_dim, kvd = m->kv_dim;
-    int nh = (int)h->n_heads, nkv = (int)h->n_kv_heads, half = m->rot_dim / 2;
+    int nh = (int)h->n_heads;
     float eps = h->norm_eps;
 
-    rmsnorm_rows(s->xb, s->x, W->attn_norm, n, dim, eps);
+    rmsnorm_rows(m, s->xb, s->x, W->attn_norm, n, dim, eps);
     im_record(m, l, SLOT_ATTN, s->xb, n, dim);
-    quantize(s, s->xb, n, dim);
+    quantize(m, s, s->xb, n, dim);
     /* keys and values go straight into the cache rows of their positions */
     float *kc = L->k + (size_t)pos * kvd, *vc = L->v + (size_t)pos * kvd;
     matmul(m, s, s->q, &W->wq, n);
@@ -417,24 +496,8 @@ static void attention(struct ml_model *m, fstate *s, int l, int n, int pos) {
     matmul(m, s, vc, &W->wv, n);
     if (h->attn_gate) matmul(m, s, s->gate, &W->wg, n);
 
-    for (int t = 0; t < n; t++) {
-        float *q = s->q + (size_t)t * qd, *k = kc + (size_t)t * kvd, *v = vc + (size_t)t * kvd;
-        if (h->qkv_bias) {
-            for (int i = 0; i < qd; i++) q[i] = q[i] + W->bq[i];
-            for (int i = 0; i < kvd; i++) k[i] = k[i] + W->bk[i];
-            for (int i = 0; i < kvd; i++) v[i] = v[i] + W->bv[i];
-        }
-        if (h->qk_norm) {
-            for (int i = 0; i < nh; i++) rmsnorm(q + i * hd, q + i * hd, W->q_norm, hd, eps);
-            for (int i = 0; i < nkv; i++) rmsnorm(k + i * hd, k + i * hd, W->k_norm, hd, eps);
-        }
-        if (!(W->flags & 4)) { /* bit 2: no RoPE; bit 1: the local base */
-            int kind = (W->flags & 2) ? 1 : 0;
-            const float *c = s->cos[kind] + (size_t)t * half, *sn = s->sin[kind] + (size_t)t * half;
-            rope(q, nh, hd, half, c, sn);
-            rope(k, nkv, hd, half, c, sn);
-        }
-    }
+    qkv_ctx c = {m, s, W, kc, vc};
+    each_row(m, n, (int64_t)n * (qd + 2 * kvd) * 4, qkv_row, &c);
 
     int windowed = h->sliding_window && (!h->layer_flags || (W->flags & 1));
     attn_job job = {m, s, L, n, pos, windowed ? (int)h->sliding_window : 0,
@@ -445,7 +508,7 @@ static void attention(struct ml_model *m, fstate *s, int l, int n, int pos) {
     if (h->attn_gate)
         for (size_t i = 0; i < (size_t)n * qd; i++) s->o[i] = s->o[i] * sigmoid(s->gate[i]);
     im_record(m, l, SLOT_WO, s->o, n, qd);
-    quantize(s, s->o, n, qd);
+    quantize(m, s, s->o, n, qd);
     matmul(m, s, s->xb2, &W->wo, n);
 }
 
@@ -499,9 +562,9 @@ static void linear_attention(struct ml_model *m, fstate *s, int l, int n) {
     int qkv = m->lin_qkv, vw = m->lin_v_width;
     float eps = h->norm_eps;
 
-    rmsnorm_rows(s->xb, s->x, W->attn_norm, n, dim, eps);
+    rmsnorm_rows(m, s->xb, s->x, W->attn_norm, n, dim, eps);
     im_record(m, l, SLOT_ATTN, s->xb, n, dim); /* lout's input has no MLI1 slot */
-    quantize(s, s->xb, n, dim);
+    quantize(m, s, s->xb, n, dim);
     matmul(m, s, s->q, &W->lqkv, n);
     matmul(m, s, s->gate, &W->lz, n);
     matmul(m, s, s->beta, &W->lb, n);
@@ -548,30 +611,42 @@ static void linear_attention(struct ml_model *m, fstate *s, int l, int n) {
             rmsnorm(o, o, W->lnorm, dv, eps);
             for (int d = 0; d < dv; d++) o[d] = o[d] * silu(z[d]);
         }
-    quantize(s, s->o, n, vw);
+    quantize(m, s, s->o, n, vw);
     matmul(m, s, s->xb2, &W->lout, n);
 }
 
 /* ------------------------------------------------------------------ FFN */
 /* f = w2·(act(w1·h) * (w3·h)), h = rmsnorm(x, ffn_norm): into s->xb2 */
+/* the gated activation of one token's hidden row: hb = act(hb) * hb2 */
+typedef struct {
+    float *hb;
+    const float *hb2;
+    int hid, gelu;
+} act_ctx;
+
+static void act_row(void *ctx, int t) {
+    const act_ctx *c = ctx;
+    float *g = c->hb + (size_t)t * c->hid;
+    const float *u = c->hb2 + (size_t)t * c->hid;
+    for (int i = 0; i < c->hid; i++) g[i] = (c->gelu ? gelu_tanh(g[i]) : silu(g[i])) * u[i];
+}
+
 static void ffn(struct ml_model *m, fstate *s, int l, int n) {
     const ml_header *h = &m->h;
     const ml_layer *W = &m->layers[l];
     int dim = (int)h->dim, hid = (int)h->hidden_dim;
 
-    rmsnorm_rows(s->xb, s->x, W->ffn_norm, n, dim, h->norm_eps);
+    rmsnorm_rows(m, s->xb, s->x, W->ffn_norm, n, dim, h->norm_eps);
     im_record(m, l, SLOT_FFN, s->xb, n, dim);
-    quantize(s, s->xb, n, dim);
+    quantize(m, s, s->xb, n, dim);
     matmul(m, s, s->hb, &W->w1, n);
     matmul(m, s, s->hb2, &W->w3, n);
-    for (size_t i = 0; i < (size_t)n * hid; i++) {
-        float g = s->hb[i];
-        s->hb[i] = (h->act == 1 ? gelu_tanh(g) : silu(g)) * s->hb2[i];
-    }
+    act_ctx c = {s->hb, s->hb2, hid, h->act == 1};
+    each_row(m, n, (int64_t)n * hid * 8, act_row, &c); /* ~8: expf or tanhf per element */
     im_record(m, l, SLOT_W2, s->hb, n, hid);
-    quantize(s, s->hb, n, hid);
+    quantize(m, s, s->hb, n, hid);
     matmul(m, s, s->xb2, &W->w2, n);
-    if (h->post_norms) rmsnorm_rows(s->xb2, s->xb2, W->post_ffn_norm, n, dim, h->norm_eps);
+    if (h->post_norms) rmsnorm_rows(m, s->xb2, s->xb2, W->post_ffn_norm, n, dim, h->norm_eps);
 }
 
 /* ------------------------------------------------------------------ the pass */
@@ -622,17 +697,17 @@ static void forward_chunk(struct ml_model *m, fstate *s, const int32_t *tokens, 
         const ml_layer *W = &m->layers[l];
         if (W->flags & 8) linear_attention(m, s, l, n);
         else attention(m, s, l, n, pos);
-        if (h->post_norms) rmsnorm_rows(s->xb2, s->xb2, W->post_attn_norm, n, dim, h->norm_eps);
+        if (h->post_norms) rmsnorm_rows(m, s->xb2, s->xb2, W->post_attn_norm, n, dim, h->norm_eps);
         add_rows(s->x, s->xb2, width);
         ffn(m, s, l, n);
         add_rows(s->x, s->xb2, width);
         if (s->nonfinite) return;
     }
 
-    rmsnorm_rows(s->xb, s->x, m->final_norm, n, dim, h->norm_eps);
+    rmsnorm_rows(m, s->xb, s->x, m->final_norm, n, dim, h->norm_eps);
     im_record(m, (int)h->n_layers, SLOT_ATTN, s->xb, n, dim);
     if (first >= n) return;
-    quantize(s, s->xb + (size_t)first * dim, n - first, dim);
+    quantize(m, s, s->xb + (size_t)first * dim, n - first, dim);
     matmul(m, s, logits, &m->wcls, n - first);
     if (h->final_softcap)
         for (size_t i = 0; i < (size_t)(n - first) * vocab; i++) logits[i] = softcap(logits[i], h->final_softcap);
