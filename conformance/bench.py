@@ -722,6 +722,18 @@ def llama_cpp_version() -> str | None:
     return str(getattr(llama_cpp, "__version__", "?"))
 
 
+# Flash attention: off in bitnet.cpp's llama-bench, `auto` (on for the CPU) in llama.cpp's own
+# default now. llama.cpp gets the faster, as measured on the 2-core AMD EPYC host (Gemma3-270M
+# shape, 2 threads, llama-cpp-python 0.3.36, off and on loaded together and run in turn, the
+# median of 3 runs, the machine otherwise idle):
+LLAMA_CPP_FLASH_ATTN = True
+LLAMA_CPP_FA_MEASURED = (
+    "on a 2-core AMD EPYC, Gemma3-270M shape, 2 threads, tokens/s off -> on, the median of 3 runs "
+    "in turn: F16 pp512 417.7 -> 444.9, pp2048 355.0 -> 408.0; TQ2_0 pp2048 353.8 -> 391.0"
+)
+
+
+
 def _llama(
     gguf_path: str | Path,
     n_ctx: int,
@@ -754,10 +766,11 @@ def llama_cpp_inprocess(
 ) -> Iterator[PhaseRun]:
     """llama.cpp through llama-cpp-python with model_bench's token ids: a run is the prefill (one
     eval of ``prompt`` tokens) then ``decode`` evals of one token, each phase timed on its own.
-    Logits of the last position only (logits_all=False, llama.cpp's default). ``warmup``: one
-    single-token eval first (faults the mmapped weights in, starts the threads), outside the
+    Logits of the last position only (logits_all=False, llama.cpp's default), flash attention
+    LLAMA_CPP_FLASH_ATTN, as llama.cpp's default (`auto`) runs on the CPU: SmolLM2 Q4_0 pp512 ran
+    at 630 tokens/s with it off and 858 with it on (AMD EPYC Zen 4, 2 threads, median of 7). ``warmup``: one single-token eval first (faults the mmapped weights in, starts the threads), outside the
     timings."""
-    llm = _llama(gguf_path, prompt + decode, prompt, threads, False)
+    llm = _llama(gguf_path, prompt + decode, prompt, threads, False, flash_attn=LLAMA_CPP_FLASH_ATTN)
     try:
         toks = [int(t) for t in np.arange(prompt + decode) % llm.n_vocab()]  # native_inprocess's
         if warmup:
@@ -1209,17 +1222,6 @@ def llama_cpp_quantize(src: str | Path, dst: str | Path, ftype: str = "Q8_0", th
 # llama.cpp's prefill configured as llama-bench's defaults: n_batch 2048 (tokens per llama_decode
 # call), n_ubatch 512 (per graph), n_ctx the prompt length
 LLAMA_BENCH_BATCH, LLAMA_BENCH_UBATCH = 2048, 512
-# Flash attention: off in bitnet.cpp's llama-bench, `auto` (on for the CPU) in llama.cpp's own
-# default now. llama.cpp gets the faster, as measured on the 2-core AMD EPYC host (Gemma3-270M
-# shape, 2 threads, llama-cpp-python 0.3.36, off and on loaded together and run in turn, the
-# median of 3 runs, the machine otherwise idle):
-LLAMA_CPP_FLASH_ATTN = True
-LLAMA_CPP_FA_MEASURED = (
-    "on a 2-core AMD EPYC, Gemma3-270M shape, 2 threads, tokens/s off -> on, the median of 3 runs "
-    "in turn: F16 pp512 417.7 -> 444.9, pp2048 355.0 -> 408.0; TQ2_0 pp2048 353.8 -> 391.0"
-)
-
-
 @contextmanager
 def llama_cpp_prefill(
     gguf_path: str | Path, seq: int, threads: int, flash_attn: bool | None = None

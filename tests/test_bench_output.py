@@ -268,7 +268,8 @@ def test_phase_rates_take_turns_with_the_bandwidth_before_each_run():
 
 def test_llama_cpp_runs_decode_one_token_per_step(monkeypatch):
     """bench.llama_cpp_inprocess: a run evaluates the prompt, then ``decode`` single tokens (the
-    ids native_inprocess gives), however long the prompt; an empty eval would time nothing."""
+    ids native_inprocess gives), however long the prompt; an empty eval would time nothing. Flash
+    attention is llama.cpp's best setting, as in the bitnet bench."""
     from mlconf import bench
 
     calls = []
@@ -286,7 +287,10 @@ def test_llama_cpp_runs_decode_one_token_per_step(monkeypatch):
         def close(self):
             calls.append("close")
 
-    monkeypatch.setattr(bench, "_llama", lambda *a: Llama())
+    config = {}
+    monkeypatch.setattr(bench, "_llama", lambda *a, **kw: (config.update(kw), Llama())[1])
     with bench.llama_cpp_inprocess("m.gguf", prompt=2, decode=4, warmup=False) as run:
         run()
     assert calls == ["reset", [0, 1], [2], [3], [4], [0], "close"]
+    # llama.cpp as its users run it: flash attention as the bitnet bench gives it (its faster)
+    assert config == {"flash_attn": bench.LLAMA_CPP_FLASH_ATTN}
