@@ -733,7 +733,6 @@ LLAMA_CPP_FA_MEASURED = (
 )
 
 
-
 def _llama(
     gguf_path: str | Path,
     n_ctx: int,
@@ -768,8 +767,9 @@ def llama_cpp_inprocess(
     eval of ``prompt`` tokens) then ``decode`` evals of one token, each phase timed on its own.
     Logits of the last position only (logits_all=False, llama.cpp's default), flash attention
     LLAMA_CPP_FLASH_ATTN, as llama.cpp's default (`auto`) runs on the CPU: SmolLM2 Q4_0 pp512 ran
-    at 630 tokens/s with it off and 858 with it on (AMD EPYC Zen 4, 2 threads, median of 7). ``warmup``: one single-token eval first (faults the mmapped weights in, starts the threads), outside the
-    timings."""
+    at 630 tokens/s with it off and 858 with it on (AMD EPYC Zen 4, 2 threads, median of 7).
+    ``warmup``: one single-token eval first (faults the mmapped weights in, starts the threads),
+    outside the timings."""
     llm = _llama(gguf_path, prompt + decode, prompt, threads, False, flash_attn=LLAMA_CPP_FLASH_ATTN)
     try:
         toks = [int(t) for t in np.arange(prompt + decode) % llm.n_vocab()]  # native_inprocess's
@@ -856,8 +856,10 @@ def native_doc() -> dict:
             r["prefill_vs_llama.cpp"] = r["prefill_tok_s"] / ref["prefill_tok_s"]
         note = (
             f"llama.cpp is measured in this run (llama-cpp-python {version}, its own llama.cpp "
-            f"built with {llama_cpp_isa()}, 2 threads) on the same weights: each .mlb exported to "
-            "GGUF by tools/gguf_export.py (the same Q8_0 / Q4_0 blocks, f16 scales). llama.cpp: one "
+            f"built with {llama_cpp_isa()}, 2 threads, flash attention "
+            f"{'on' if LLAMA_CPP_FLASH_ATTN else 'off'} as its CPU default) on the same weights: "
+            "each .mlb exported to GGUF by tools/gguf_export.py (the same Q8_0 / Q4_0 blocks, f16 "
+            "scales). llama.cpp: one "
             f"single-token warm-up eval, then the median of {REPEAT} runs, logits of the prompt's "
             "last position only. `native`: one run through the worker process, every position's "
             "logits; `native in-process, last logits`: the runtime called in this process with "
@@ -1222,6 +1224,8 @@ def llama_cpp_quantize(src: str | Path, dst: str | Path, ftype: str = "Q8_0", th
 # llama.cpp's prefill configured as llama-bench's defaults: n_batch 2048 (tokens per llama_decode
 # call), n_ubatch 512 (per graph), n_ctx the prompt length
 LLAMA_BENCH_BATCH, LLAMA_BENCH_UBATCH = 2048, 512
+
+
 @contextmanager
 def llama_cpp_prefill(
     gguf_path: str | Path, seq: int, threads: int, flash_attn: bool | None = None
