@@ -571,6 +571,7 @@ def test_gemm8_equals_single_row_dots(kern, isa):
         (3, 4, 16),
         (4, 5, 8),
         (5, 2, 8),
+        (6, 3, 16),  # a pair of groups below a full tile: the 8-row path (kern_x86.h PAIRS)
         (7, 9, 24),
         (8, 1, 8),
         (13, 7, 16),

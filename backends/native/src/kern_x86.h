@@ -339,7 +339,10 @@ static void dot4_q4_0(int nb, const uint8_t *w, const float *wd, const int8_t *c
  * AVX-512 takes the groups in pairs on 512-bit vectors: group j's 8 rows in the low half, group
  * j + 1's in the high half (gs bytes and ds scales further on). Each lane does the 8-row tile's
  * operations in its order, so the same bits, with half the instructions per row: the block
- * operands, the scales and the float terms serve 16 rows. SmolLM2-135M prefill 1.30x (AMD EPYC). */
+ * operands, the scales and the float terms serve 16 rows. SmolLM2-135M prefill 1.30x (AMD EPYC).
+ * Only for a chunk of at least one full tile (nt >= TT): with fewer tokens nothing amortizes the
+ * two-group loads, and the 8-row path was faster on decode (SmolLM2 Q4_0 1.44x, Q8_0 1.27x) and on
+ * 2 and 3 tokens (1.19x, 1.14x), AMD EPYC Zen 4, 2 threads, the two libraries in one process. */
 #ifdef __AVX512VL__
 #define TT 4
 #else
@@ -549,7 +552,7 @@ GEMM_ROWS(8, 256, q4_0, ML_PACK_Q4)
 #ifdef __AVX512F__
 GEMM_ROWS(16, 512, q8_0, ML_PACK_Q8)
 GEMM_ROWS(16, 512, q4_0, ML_PACK_Q4)
-#define PAIRS(FMT) for (; j + 2 <= ng; j += 2) rows16_##FMT(nb, GROUP_ARGS(j))
+#define PAIRS(FMT) for (; nt >= TT && j + 2 <= ng; j += 2) rows16_##FMT(nb, GROUP_ARGS(j))
 #else
 #define PAIRS(FMT) (void)0
 #endif
