@@ -306,7 +306,7 @@ static void quantize_row(void *ctx, int t) {
 static void quantize(struct ml_model *m, fstate *s, const float *x, int n, int cols) {
     quant_ctx c = {s, x, cols, 0};
     each_row(m, n, (int64_t)n * cols, quantize_row, &c);
-    if (c.bad) s->nonfinite = 1;
+    if (__atomic_load_n(&c.bad, __ATOMIC_RELAXED)) s->nonfinite = 1; /* the pool's join orders it */
 }
 
 typedef struct {
